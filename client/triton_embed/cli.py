@@ -1,0 +1,195 @@
+"""``triton-embed``: the command-line tool over the client library.
+
+Subcommands:
+    embed   embed a text file (one text per line) or JSONL into .npy (and optionally Parquet)
+    query   the nearest texts of an embedded corpus to one or more queries
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from triton_embed.client import DEFAULT_MODEL, DEFAULT_URL, EmbeddingClient
+from triton_embed.corpus import read_texts
+from triton_embed.errors import EmbedClientError
+
+
+def _add_connection_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default=DEFAULT_URL, help="gRPC endpoint host:port (default %(default)s)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="ensemble name (default %(default)s)")
+    p.add_argument("--timeout-s", type=float, default=120.0, help="per-request deadline, seconds")
+
+
+def _add_corpus_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", choices=("auto", "text", "jsonl"), default="auto",
+                   help="input format; auto = jsonl for .jsonl/.ndjson, else one text per line")
+    p.add_argument("--field", default="text", help="JSONL key holding the text (default %(default)s)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``triton-embed``."""
+    parser = argparse.ArgumentParser(prog="triton-embed", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    e = sub.add_parser("embed", help="embed a text/JSONL file into .npy (and Parquet)")
+    e.add_argument("input", type=Path, help="text file (one text per line) or JSONL")
+    e.add_argument("-o", "--output", type=Path, required=True, help="output .npy (float32 [n, dim])")
+    e.add_argument("--parquet", type=Path, help="also write a Parquet file (text, num_tokens, embedding)")
+    e.add_argument("--batch-size", type=int, default=None,
+                   help="texts per request (default: the server's max_batch_size)")
+    e.add_argument("--concurrency", type=int, default=4, help="requests in flight (default %(default)s)")
+    e.add_argument("--summary-json", type=Path, help="also write the closing summary as JSON")
+    e.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_connection_args(e)
+    _add_corpus_args(e)
+
+    q = sub.add_parser("query", help="nearest texts of an embedded corpus to a query")
+    q.add_argument("queries", nargs="+", help="query text(s)")
+    q.add_argument("--embeddings", type=Path, required=True, help=".npy written by 'embed'")
+    q.add_argument("--corpus", type=Path, required=True, help="the file that was embedded")
+    q.add_argument("-k", "--top-k", type=int, default=5, help="results per query (default %(default)s)")
+    q.add_argument("--json", action="store_true", help="print results as JSON")
+    _add_connection_args(q)
+    _add_corpus_args(q)
+    return parser
+
+
+def summarize(num_texts: int, num_tokens: int, elapsed_s: float, latencies_s: list[float]) -> dict:
+    """Closing figures of an embedding run.
+
+    Returns:
+        ``texts``, ``tokens``, ``seconds``, ``texts_per_s``, ``tokens_per_s``,
+        ``p50_ms``, ``p99_ms`` (request latency percentiles, numpy's linear interpolation).
+    """
+    lat = np.asarray(latencies_s) * 1000.0 if latencies_s else np.zeros(1)
+    return {
+        "texts": num_texts,
+        "tokens": num_tokens,
+        "seconds": round(elapsed_s, 3),
+        "texts_per_s": round(num_texts / elapsed_s, 1) if elapsed_s else 0.0,
+        "tokens_per_s": round(num_tokens / elapsed_s, 1) if elapsed_s else 0.0,
+        "p50_ms": round(float(np.percentile(lat, 50)), 2),
+        "p99_ms": round(float(np.percentile(lat, 99)), 2),
+    }
+
+
+def run_embed(args: argparse.Namespace) -> dict:
+    """``triton-embed embed``: returns the closing summary."""
+    from tqdm import tqdm
+
+    texts = read_texts(args.input, args.format, args.field)
+    if not texts:
+        raise EmbedClientError(f"{args.input} holds no texts")
+    with EmbeddingClient(args.url, args.model, timeout_s=args.timeout_s,
+                         max_concurrency=args.concurrency, batch_size=args.batch_size) as client:
+        bar = tqdm(total=len(texts), unit="text", disable=args.no_progress, file=sys.stderr)
+
+        def progress(n_texts: int, n_tokens: int) -> None:
+            bar.update(n_texts)
+
+        t0 = time.perf_counter()
+        result = client.embed_with_details(texts, on_batch_done=progress)
+        elapsed = time.perf_counter() - t0
+        bar.close()
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    np.save(args.output, result.embeddings)
+    if args.parquet:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        dim = result.embeddings.shape[1]
+        table = pa.table({
+            "text": texts,
+            "num_tokens": result.num_tokens,
+            "embedding": pa.FixedSizeListArray.from_arrays(
+                pa.array(result.embeddings.reshape(-1), type=pa.float32()), dim),
+        })
+        pq.write_table(table, args.parquet)
+    summary = summarize(len(texts), int(result.num_tokens.sum()), elapsed, result.latencies_s)
+    summary["dim"] = int(result.embeddings.shape[1])
+    print(
+        f"embedded {summary['texts']} texts ({summary['tokens']} tokens, dim {summary['dim']}) "
+        f"in {summary['seconds']:.2f} s: {summary['texts_per_s']:.1f} texts/s, "
+        f"{summary['tokens_per_s']:.0f} tokens/s; request latency p50 {summary['p50_ms']:.1f} ms, "
+        f"p99 {summary['p99_ms']:.1f} ms -> {args.output}"
+    )
+    if args.summary_json:
+        args.summary_json.write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def nearest(corpus_vectors: np.ndarray, query_vectors: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
+    """Top-``k`` corpus rows by cosine similarity for each query.
+
+    Args:
+        corpus_vectors: float ``[n, dim]``.
+        query_vectors: float ``[q, dim]``.
+        k: results per query (capped at ``n``).
+
+    Returns:
+        Per query, ``(row, cosine)`` pairs, best first.
+    """
+    def unit(m: np.ndarray) -> np.ndarray:
+        norms = np.linalg.norm(m, axis=1, keepdims=True)
+        return m / np.where(norms == 0, 1, norms)
+
+    scores = unit(query_vectors.astype(np.float32)) @ unit(corpus_vectors.astype(np.float32)).T
+    k = min(k, corpus_vectors.shape[0])
+    out = []
+    for row in scores:
+        top = np.argsort(-row, kind="stable")[:k]
+        out.append([(int(i), float(row[i])) for i in top])
+    return out
+
+
+def run_query(args: argparse.Namespace) -> list[dict]:
+    """``triton-embed query``: prints and returns the hits."""
+    vectors = np.load(args.embeddings)
+    texts = read_texts(args.corpus, args.format, args.field)
+    if len(texts) != len(vectors):
+        raise EmbedClientError(
+            f"{args.corpus} has {len(texts)} texts but {args.embeddings} has {len(vectors)} "
+            "embeddings; pass the file that was embedded"
+        )
+    with EmbeddingClient(args.url, args.model, timeout_s=args.timeout_s) as client:
+        qv = client.embed(args.queries)
+    results = []
+    for query, hits in zip(args.queries, nearest(vectors, qv, args.top_k)):
+        results.append({"query": query, "hits": [
+            {"rank": r + 1, "index": i, "cosine": round(s, 4), "text": texts[i]}
+            for r, (i, s) in enumerate(hits)]})
+    if args.json:
+        print(json.dumps(results, ensure_ascii=False, indent=2))
+    else:
+        for res in results:
+            print(f"query: {res['query']}")
+            for hit in res["hits"]:
+                one_line = " ".join(hit["text"].split())
+                short = one_line if len(one_line) <= 110 else one_line[:107] + "..."
+                print(f"  {hit['rank']}. [{hit['cosine']:.3f}] #{hit['index']}: {short}")
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``triton-embed``; returns the exit code (1 on a reported error)."""
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "embed":
+            run_embed(args)
+        elif args.command == "query":
+            run_query(args)
+    except (EmbedClientError, OSError, ValueError) as exc:
+        print(f"triton-embed {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

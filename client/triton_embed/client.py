@@ -1,0 +1,206 @@
+"""Python client of the ``embed`` ensemble over ``tritonclient.grpc``.
+
+>>> from triton_embed import EmbeddingClient
+>>> client = EmbeddingClient("127.0.0.1:8001")
+>>> vectors = client.embed(["first text", "second text"])  # float32 [2, 384]
+
+Large inputs are split into batches of at most the server's ``max_batch_size`` texts, sent
+concurrently, and reassembled in input order. ``tritonclient`` exceptions never leak: they
+are mapped to :class:`~triton_embed.errors.EmbedClientError` subclasses.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from triton_embed.codec import decode_embeddings
+from triton_embed.errors import (
+    EmbedClientError,
+    InvalidInputError,
+    ServerUnavailableError,
+    EmbedTimeoutError,
+)
+
+DEFAULT_URL = "127.0.0.1:8001"
+DEFAULT_MODEL = "embed"
+
+
+@dataclass(frozen=True)
+class EmbedResult:
+    """Embeddings of a list of texts, in input order.
+
+    Attributes:
+        embeddings: float32 ``[n, dim]``, as the server returns them (L2-normalized for
+            sentence-transformers models with a Normalize module, such as all-MiniLM-L6-v2).
+        num_tokens: int32 ``[n]``, tokens the model read per text (special tokens included,
+            after truncation).
+        latencies_s: wall-clock seconds of each gRPC request sent (one per batch).
+    """
+
+    embeddings: np.ndarray
+    num_tokens: np.ndarray
+    latencies_s: list[float]
+
+
+def _as_bytes(text: str | bytes) -> bytes:
+    if isinstance(text, bytes):
+        return text
+    if isinstance(text, str):
+        return text.encode("utf-8")
+    raise InvalidInputError(f"texts must be str or bytes, got {type(text).__name__}")
+
+
+class EmbeddingClient:
+    """Embeds texts with a running ``embed`` ensemble.
+
+    Args:
+        url: gRPC endpoint ``host:port`` (Triton's default gRPC port is 8001).
+        model: the ensemble's name.
+        timeout_s: deadline of each gRPC request, seconds.
+        max_concurrency: requests in flight at once.
+        batch_size: texts per request; ``None`` uses the server's ``max_batch_size``.
+            Larger values are capped at it.
+
+    Raises:
+        ServerUnavailableError: the server cannot be reached or the model is not ready.
+    """
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        model: str = DEFAULT_MODEL,
+        timeout_s: float = 120.0,
+        max_concurrency: int = 4,
+        batch_size: int | None = None,
+    ):
+        import tritonclient.grpc as grpcclient
+
+        self._grpc = grpcclient
+        self.url = url
+        self.model = model
+        self.timeout_s = timeout_s
+        self.max_concurrency = max(1, max_concurrency)
+        self._client = grpcclient.InferenceServerClient(url)
+        self.max_batch_size = self._server_max_batch_size()
+        self.batch_size = min(batch_size or self.max_batch_size, self.max_batch_size)
+        if self.batch_size < 1:
+            raise InvalidInputError(f"batch_size must be >= 1, got {batch_size}")
+
+    def _server_max_batch_size(self) -> int:
+        try:
+            if not self._client.is_model_ready(self.model):
+                raise ServerUnavailableError(f"model {self.model!r} is not ready at {self.url}")
+            config = self._client.get_model_config(self.model, as_json=True)["config"]
+        except EmbedClientError:
+            raise
+        except Exception as exc:  # tritonclient / grpc errors
+            raise _map_error(exc, self.url) from None
+        return int(config.get("max_batch_size", 0)) or 1
+
+    def close(self) -> None:
+        """Close the gRPC channel."""
+        self._client.close()
+
+    def __enter__(self) -> EmbeddingClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def embed(self, texts: Sequence[str | bytes]) -> np.ndarray:
+        """Embed texts.
+
+        Args:
+            texts: ``n`` texts (``str``, or ``bytes`` sent as is).
+
+        Returns:
+            float32 ``[n, dim]`` in input order.
+
+        Raises:
+            InvalidInputError: the server rejected a text (the message names the batch and
+                the text's index in it).
+            ServerUnavailableError, EmbedTimeoutError: transport failures.
+        """
+        return self.embed_with_details(texts).embeddings
+
+    def embed_with_details(
+        self,
+        texts: Sequence[str | bytes],
+        on_batch_done: Callable[[int, int], None] | None = None,
+    ) -> EmbedResult:
+        """Embed texts and also return token counts and per-request latencies.
+
+        Args:
+            texts: ``n`` texts.
+            on_batch_done: called with ``(texts_in_batch, tokens_in_batch)`` after each
+                request completes (progress bars).
+
+        Returns:
+            :class:`EmbedResult`.
+        """
+        payloads = [_as_bytes(t) for t in texts]
+        if not payloads:
+            return EmbedResult(np.zeros((0, 0), np.float32), np.zeros(0, np.int32), [])
+        starts = list(range(0, len(payloads), self.batch_size))
+
+        def run(start: int) -> tuple[np.ndarray, np.ndarray, float]:
+            batch = payloads[start : start + self.batch_size]
+            t0 = time.perf_counter()
+            vectors, counts = self._infer(batch, start)
+            elapsed = time.perf_counter() - t0
+            if on_batch_done is not None:
+                on_batch_done(len(batch), int(counts.sum()))
+            return vectors, counts, elapsed
+
+        with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(starts))) as pool:
+            results = list(pool.map(run, starts))  # map keeps input order
+        return EmbedResult(
+            embeddings=np.concatenate([r[0] for r in results]),
+            num_tokens=np.concatenate([r[1] for r in results]),
+            latencies_s=[r[2] for r in results],
+        )
+
+    def _infer(self, batch: list[bytes], offset: int) -> tuple[np.ndarray, np.ndarray]:
+        grpc = self._grpc
+        arr = np.empty((len(batch), 1), dtype=object)
+        arr[:, 0] = batch
+        inp = grpc.InferInput("TEXT", list(arr.shape), "BYTES")
+        inp.set_data_from_numpy(arr)
+        outputs = [grpc.InferRequestedOutput("EMBEDDING"), grpc.InferRequestedOutput("NUM_TOKENS")]
+        try:
+            result = self._client.infer(
+                self.model, [inp], outputs=outputs, client_timeout=self.timeout_s
+            )
+        except Exception as exc:
+            raise _map_error(exc, self.url, offset, len(batch)) from None
+        vectors = decode_embeddings(result.as_numpy("EMBEDDING").reshape(-1))
+        counts = result.as_numpy("NUM_TOKENS").reshape(-1).astype(np.int32)
+        if len(vectors) != len(batch) or len(counts) != len(batch):
+            raise EmbedClientError(
+                f"server returned {len(vectors)} embeddings for {len(batch)} texts"
+            )
+        return vectors, counts
+
+
+def _map_error(
+    exc: BaseException, url: str, offset: int | None = None, size: int | None = None
+) -> EmbedClientError:
+    """Translate a ``tritonclient`` exception into this library's error types."""
+    status = ""
+    message = str(exc)
+    if hasattr(exc, "status") and callable(exc.status):
+        status = str(exc.status() or "")
+        message = exc.message() if hasattr(exc, "message") else message
+    where = f"texts[{offset}:{offset + size}]: " if offset is not None and size else ""
+    if "INVALID_ARGUMENT" in status or "400" == status:
+        return InvalidInputError(f"{where}{message}")
+    if "DEADLINE_EXCEEDED" in status or "Deadline Exceeded" in message:
+        return EmbedTimeoutError(f"{where}request to {url} timed out: {message}")
+    if "UNAVAILABLE" in status or "failed to connect" in message.lower():
+        return ServerUnavailableError(f"server at {url} is unavailable: {message}")
+    return EmbedClientError(f"{where}{status} {message}".strip())

@@ -1,0 +1,163 @@
+"""Start a real ``tritonserver`` on free loopback ports, wait until ready, stop it.
+
+Used by the integration tests, the main job (``scripts/main_job.py``) and the benchmarks.
+Only the process this object started (and its process group: the Python-backend stubs) is
+ever signalled.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def default_tritonserver() -> Path:
+    """The ``tritonserver`` wrapper that ``scripts/setup.sh`` writes into the venv."""
+    return Path(sys.prefix) / "bin" / "tritonserver"
+
+
+@dataclass
+class TritonServer:
+    """A ``tritonserver`` child process on free loopback ports.
+
+    Use as a context manager, or call :meth:`start` and :meth:`stop`::
+
+        with TritonServer() as server:
+            client = EmbeddingClient(server.grpc_url)
+
+    Attributes:
+        model_repository: folder to serve (default: this repository's ``model_repository``).
+        extra_args: further ``tritonserver`` arguments (``--model-config-name gpu``, ...).
+        ready_timeout_s: how long :meth:`start` waits for ``/v2/health/ready``.
+        log_path: where the server's stdout/stderr go (a temporary file by default).
+    """
+
+    model_repository: Path = REPO_ROOT / "model_repository"
+    extra_args: list[str] = field(default_factory=list)
+    ready_timeout_s: float = 300.0
+    log_path: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    grpc_port: int = field(default_factory=free_port)
+    http_port: int = field(default_factory=free_port)
+    metrics_port: int = field(default_factory=free_port)
+    process: subprocess.Popen | None = None
+
+    @property
+    def grpc_url(self) -> str:
+        """``host:port`` for ``tritonclient.grpc``."""
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        """``http://host:port`` of the KServe v2 HTTP endpoint."""
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """Prometheus metrics URL."""
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def command(self) -> list[str]:
+        """The full ``tritonserver`` command line."""
+        return [
+            str(default_tritonserver()),
+            "--model-repository", str(self.model_repository),
+            "--grpc-address", "127.0.0.1", "--grpc-port", str(self.grpc_port),
+            "--http-address", "127.0.0.1", "--http-port", str(self.http_port),
+            "--metrics-address", "127.0.0.1", "--metrics-port", str(self.metrics_port),
+            *self.extra_args,
+        ]  # fmt: skip
+
+    def start(self) -> TritonServer:
+        """Start the server and wait until every model is ready.
+
+        Raises:
+            RuntimeError: the server exited or was not ready within ``ready_timeout_s``
+                (the message holds the end of its log).
+        """
+        if self.log_path is None:
+            fd, name = tempfile.mkstemp(prefix="tritonserver-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(name)
+        log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the process
+        self.process = subprocess.Popen(
+            self.command(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **self.env},
+            start_new_session=True,  # its own process group: the stubs go with it on stop
+        )
+        log.close()
+        deadline = time.monotonic() + self.ready_timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"tritonserver exited with {self.process.returncode}:\n{self.log_tail()}"
+                )
+            if self.is_ready():
+                return self
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(
+            f"tritonserver not ready after {self.ready_timeout_s:.0f} s:\n{self.log_tail()}"
+        )
+
+    def is_ready(self) -> bool:
+        """``GET /v2/health/ready`` answered 200."""
+        try:
+            with urllib.request.urlopen(f"{self.http_url}/v2/health/ready", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def log_tail(self, chars: int = 6000) -> str:
+        """The end of the server log."""
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return self.log_path.read_bytes()[-chars:].decode("utf-8", "replace")
+
+    def stop(self, timeout_s: float = 60.0) -> int | None:
+        """SIGTERM the server (it drains and unloads models), SIGKILL its group if it hangs.
+
+        Returns:
+            The server's exit code, or ``None`` if it was never started.
+        """
+        proc = self.process
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        # Stubs left behind by a crashed server are in its process group.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return proc.returncode
+
+    def __enter__(self) -> TritonServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

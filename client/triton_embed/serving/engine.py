@@ -163,6 +163,19 @@ class PoolingEngine:
         return torch.stack([o.outputs.data for o in outputs]).to(torch.float32).numpy()
 
 
-def apply_environment(env: dict[str, str]) -> None:
-    """Set ``env`` in this process (before vLLM/torch are imported)."""
+def apply_placement(env: dict[str, str]) -> list[int]:
+    """Apply a replica's placement to this process, before vLLM/torch are imported.
+
+    Sets ``env`` and, when it names CPUs (``VLLM_CPU_OMP_THREADS_BIND``), pins the process
+    to them with ``os.sched_setaffinity`` so every thread created later (OpenMP's included)
+    inherits the binding. vLLM applies its own binding only when it spawns engine processes;
+    an in-process engine inside a Triton stub needs this.
+
+    Returns:
+        The CPUs this process may run on afterwards.
+    """
     os.environ.update(env)
+    bind = env.get("VLLM_CPU_OMP_THREADS_BIND", "")
+    if bind and bind not in ("auto", "nobind"):
+        os.sched_setaffinity(0, {int(c) for c in bind.split(",")})
+    return sorted(os.sched_getaffinity(0))

@@ -40,11 +40,12 @@ class TritonPythonModel:
             device_id=int(args.get("model_instance_device_id", 0) or 0),
             cpus=sorted(os.sched_getaffinity(0)),
         )
-        engine_mod.apply_environment(env)
+        cpus = engine_mod.apply_placement(env)
         self.engine = engine_mod.PoolingEngine(self.config)
         pb_utils.Logger.log_info(
             f"embedder {name}: {self.config.model_path.name}, dim={self.engine.dim}, "
-            f"max_length={self.config.max_length}, placement={env or 'vLLM default'}"
+            f"max_length={self.config.max_length}, cpus={','.join(map(str, cpus))}, "
+            f"env={env or 'vLLM default'}"
         )
 
     def execute(self, requests):

@@ -133,6 +133,9 @@ def nearest(corpus_vectors: np.ndarray, query_vectors: np.ndarray, k: int) -> li
         query_vectors: float ``[q, dim]``.
         k: results per query (capped at ``n``).
 
+    Raises:
+        ValueError: ``k`` < 1.
+
     Returns:
         Per query, ``(row, cosine)`` pairs, best first.
     """
@@ -141,6 +144,8 @@ def nearest(corpus_vectors: np.ndarray, query_vectors: np.ndarray, k: int) -> li
         return m / np.where(norms == 0, 1, norms)
 
     scores = unit(query_vectors.astype(np.float32)) @ unit(corpus_vectors.astype(np.float32)).T
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
     k = min(k, corpus_vectors.shape[0])
     out = []
     for row in scores:

@@ -31,7 +31,7 @@ def read_texts(path: str | Path, fmt: str = "auto", field: str = "text") -> list
     if fmt not in ("text", "jsonl"):
         raise ValueError(f"unknown format {fmt!r}; use text, jsonl or auto")
     texts: list[str] = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:  # -sig: a leading byte-order mark is not text
         for lineno, line in enumerate(f, 1):
             line = line.rstrip("\n")
             if not line.strip():

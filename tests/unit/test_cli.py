@@ -186,3 +186,13 @@ def test_parser_rejects(argv, capsys):
         build_parser().parse_args(argv)
     assert info.value.code == 2
     assert "triton-embed" in capsys.readouterr().err
+
+
+def test_nearest_rejects_k_below_one():
+    import numpy as np
+    import pytest
+
+    from triton_embed.cli import nearest
+
+    with pytest.raises(ValueError, match="k must be >= 1, got 0"):
+        nearest(np.eye(3, dtype=np.float32), np.eye(3, dtype=np.float32)[:1], 0)

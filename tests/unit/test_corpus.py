@@ -171,3 +171,11 @@ def test_read_fortunes_missing_folder(tmp_path):
         read_fortunes(tmp_path / "nope")
     assert str(tmp_path / "nope") in str(info.value)
     assert "fortunes" in str(info.value)
+
+
+def test_read_texts_drops_a_leading_byte_order_mark(tmp_path):
+    from triton_embed.corpus import read_texts
+
+    path = tmp_path / "bom.txt"
+    path.write_bytes("\ufefffirst\nsecond\n".encode())
+    assert read_texts(path) == ["first", "second"]

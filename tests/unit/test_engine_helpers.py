@@ -230,3 +230,36 @@ def test_decode_request_out_of_vocab_and_too_long():
         decode_request_token_ids([pack([1]), pack([1, 2]), pack([1] * 5)], VOCAB, 4)
     with pytest.raises(InvalidTokenIdsError, match=r"token ID -2147483648 at position 1"):
         decode_request_token_ids([pack([1, -(2**31)])], VOCAB, 256)
+
+
+def test_apply_placement_pins_the_process_to_the_bound_cpus():
+    """Run in a child process: pinning is process-wide and must not leak into pytest."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, json; from triton_embed.serving.engine import apply_placement; "
+        "cpus = apply_placement({'VLLM_CPU_OMP_THREADS_BIND': '0', 'OMP_NUM_THREADS': '1'}); "
+        "print(json.dumps([cpus, sorted(os.sched_getaffinity(0)), os.environ['OMP_NUM_THREADS']]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    import json
+
+    assert json.loads(out.stdout) == [[0], [0], "1"]
+
+
+def test_apply_placement_without_a_bind_leaves_affinity_alone():
+    import subprocess
+    import sys
+
+    code = (
+        "import os, json; from triton_embed.serving.engine import apply_placement; "
+        "print(json.dumps([apply_placement({'CUDA_VISIBLE_DEVICES': '3'}), "
+        "sorted(os.sched_getaffinity(0)), os.environ['CUDA_VISIBLE_DEVICES']]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    import json
+    import os
+
+    everything = sorted(os.sched_getaffinity(0))
+    assert json.loads(out.stdout) == [everything, everything, "3"]

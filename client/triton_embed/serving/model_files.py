@@ -35,11 +35,19 @@ def resolve_model_path(spec: str, base_dir: str | Path | None = None) -> Path:
     """
     if spec.startswith(PACKAGE_SCHEME):
         package, _, sub = spec[len(PACKAGE_SCHEME) :].partition("/")
-        found = importlib.util.find_spec(package)
-        if found is None or not found.submodule_search_locations:
+        try:
+            found = importlib.util.find_spec(package)
+        except (ImportError, ValueError):  # a dotted name whose parent is not installed
+            found = None
+        if found is None:
             raise ValueError(
                 f"model_path {spec!r}: Python package {package!r} is not installed in the "
                 "serving environment; run scripts/setup.sh or set model_path to a local folder"
+            )
+        if not found.submodule_search_locations:
+            raise ValueError(
+                f"model_path {spec!r}: {package!r} is a module, not a package folder; "
+                "name the package that holds the model folder"
             )
         path = Path(next(iter(found.submodule_search_locations))) / sub
     else:
@@ -73,13 +81,13 @@ def model_max_length(path: Path) -> int:
         ValueError: none of the three is present.
     """
     st = _read_json(path / "sentence_bert_config.json").get("max_seq_length")
-    if isinstance(st, int) and st > 0:
+    if isinstance(st, int) and not isinstance(st, bool) and st > 0:
         return st
     tok = _read_json(path / "tokenizer_config.json").get("model_max_length")
-    if isinstance(tok, int) and 0 < tok < 1_000_000:
+    if isinstance(tok, int) and not isinstance(tok, bool) and 0 < tok < 1_000_000:
         return tok
     pos = _read_json(path / "config.json").get("max_position_embeddings")
-    if isinstance(pos, int) and pos > 0:
+    if isinstance(pos, int) and not isinstance(pos, bool) and pos > 0:
         return pos
     raise ValueError(
         f"{path}: cannot tell the model's maximum length (no sentence_bert_config.json "

@@ -1,0 +1,136 @@
+"""The client library and the triton-embed CLI end to end against the real server."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from triton_embed import (
+    EmbeddingClient,
+    EmbedTimeoutError,
+    InvalidInputError,
+    ServerUnavailableError,
+)
+from triton_embed.corpus import read_fortunes, write_jsonl
+from triton_embed.launcher import free_port
+
+from .conftest import COSINE_MIN, DIM, cosines
+
+pytestmark = pytest.mark.integration
+
+CLI = [str(Path(sys.prefix) / "bin" / "triton-embed")]
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory):
+    """150 real texts (Debian fortunes) as JSONL, and 40 one-line ones as a text file."""
+    fortunes = [t for _, t in read_fortunes()]
+    texts = random.Random(7).sample(fortunes, 150)
+    folder = tmp_path_factory.mktemp("corpus")
+    jsonl = folder / "corpus.jsonl"
+    write_jsonl(jsonl, [{"text": t} for t in texts])
+    one_line = [t for t in fortunes if "\n" not in t][:40]
+    txt = folder / "corpus.txt"
+    txt.write_text("\n".join(one_line) + "\n", encoding="utf-8")
+    return {"jsonl": jsonl, "texts": texts, "txt": txt, "lines": one_line, "dir": folder}
+
+
+def test_client_splits_large_inputs_and_keeps_order(server, reference_model, small_corpus):
+    texts = small_corpus["texts"]
+    with EmbeddingClient(server.grpc_url, max_concurrency=4, batch_size=16) as client:
+        assert client.max_batch_size == 64
+        result = client.embed_with_details(texts)
+    assert result.embeddings.shape == (150, DIM)
+    assert result.embeddings.dtype == np.float32
+    assert len(result.latencies_s) == 10  # ceil(150 / 16) requests
+    assert cosines(result.embeddings, reference_model.encode(texts)).min() >= COSINE_MIN
+
+
+def test_client_caps_batch_size_at_the_servers_max_batch_size(server):
+    with EmbeddingClient(server.grpc_url, batch_size=1000) as client:
+        assert client.batch_size == 64
+        result = client.embed_with_details([f"text number {i}" for i in range(130)])
+    assert len(result.latencies_s) == 3  # 64 + 64 + 2
+
+
+def test_client_raises_its_own_error_types(server):
+    with EmbeddingClient(server.grpc_url) as client:
+        with pytest.raises(InvalidInputError, match=r"texts\[0:2\]: .*text 1 is empty"):
+            client.embed(["fine", ""])
+        with pytest.raises(InvalidInputError, match="str or bytes"):
+            client.embed([42])
+    with pytest.raises(ServerUnavailableError):
+        EmbeddingClient(f"127.0.0.1:{free_port()}")
+    with pytest.raises(ServerUnavailableError, match="not ready"):
+        EmbeddingClient(server.grpc_url, model="no_such_model")
+    with EmbeddingClient(server.grpc_url, timeout_s=0.001) as client:
+        with pytest.raises(EmbedTimeoutError):
+            client.embed(["word " * 200] * 64)
+
+
+def test_cli_embed_jsonl_to_npy_and_parquet_then_query(server, reference_model, small_corpus, tmp_path):
+    out = tmp_path / "vectors.npy"
+    parquet = tmp_path / "vectors.parquet"
+    summary_path = tmp_path / "summary.json"
+    proc = subprocess.run(
+        [*CLI, "embed", str(small_corpus["jsonl"]), "-o", str(out), "--parquet", str(parquet),
+         "--url", server.grpc_url, "--summary-json", str(summary_path), "--batch-size", "8"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "embedded 150 texts" in proc.stdout and "tokens/s" in proc.stdout and "p99" in proc.stdout
+    vectors = np.load(out)
+    assert vectors.shape == (150, DIM)
+    assert cosines(vectors, reference_model.encode(small_corpus["texts"])).min() >= COSINE_MIN
+    summary = json.loads(summary_path.read_text())
+    assert summary["texts"] == 150 and summary["dim"] == DIM and summary["tokens"] > 150
+
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(parquet)
+    assert table.column("text").to_pylist() == small_corpus["texts"]
+    assert sum(table.column("num_tokens").to_pylist()) == summary["tokens"]
+    np.testing.assert_array_equal(np.array(table.column("embedding").to_pylist(), np.float32), vectors)
+
+    probe = small_corpus["texts"][17]
+    proc = subprocess.run(
+        [*CLI, "query", probe, "--embeddings", str(out), "--corpus", str(small_corpus["jsonl"]),
+         "-k", "3", "--json", "--url", server.grpc_url],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    hits = json.loads(proc.stdout)[0]["hits"]
+    assert [h["rank"] for h in hits] == [1, 2, 3]
+    assert hits[0]["index"] == 17 and hits[0]["cosine"] >= 0.9999
+    assert hits[0]["cosine"] >= hits[1]["cosine"] >= hits[2]["cosine"]
+
+
+def test_cli_embed_text_file_one_text_per_line(server, reference_model, small_corpus, tmp_path):
+    out = tmp_path / "lines.npy"
+    proc = subprocess.run(
+        [*CLI, "embed", str(small_corpus["txt"]), "-o", str(out), "--url", server.grpc_url,
+         "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    vectors = np.load(out)
+    assert vectors.shape == (40, DIM)
+    assert cosines(vectors, reference_model.encode(small_corpus["lines"])).min() >= COSINE_MIN
+
+
+def test_cli_reports_errors_without_a_traceback(server, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{"text": ""}\n')
+    proc = subprocess.run([*CLI, "embed", str(bad), "-o", str(tmp_path / "x.npy"),
+                           "--url", server.grpc_url, "--no-progress"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "text 1 is empty" in proc.stderr and "Traceback" not in proc.stderr
+    proc = subprocess.run([*CLI, "embed", str(bad), "-o", str(tmp_path / "x.npy"),
+                           "--url", f"127.0.0.1:{free_port()}", "--no-progress"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "unavailable" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,43 @@
+"""Any local sentence-transformers folder works by changing `model_path`."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+from triton_embed.launcher import REPO_ROOT, TritonServer
+
+from .conftest import COSINE_MIN, MODEL_PATH, cosines, infer_embed
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def test_a_copied_model_folder_serves_by_changing_model_path(tmp_path, reference_model):
+    model_copy = tmp_path / "my-local-model"
+    shutil.copytree(MODEL_PATH, model_copy)
+    repo = tmp_path / "model_repository"
+    shutil.copytree(REPO_ROOT / "model_repository", repo)
+    for name in ("tokenizer", "embedder"):
+        config = repo / name / "config.pbtxt"
+        text, n = re.subn(r'(key: "model_path", value: \{ string_value: ")[^"]*(")',
+                          rf"\g<1>{model_copy}\g<2>", config.read_text())
+        assert n == 1
+        config.write_text(text.replace("count: 2", "count: 1"))
+    with TritonServer(model_repository=repo) as server:
+        import tritonclient.grpc as grpcclient
+
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        texts = ["served from a copied folder", "another sentence"]
+        elements, num_tokens = infer_embed(client, texts)
+        client.close()
+        log = server.log_tail(100_000)
+    from triton_embed.codec import decode_embeddings
+
+    assert "my-local-model" in log
+    got = decode_embeddings(elements)
+    assert cosines(got, reference_model.encode(texts)).min() >= COSINE_MIN
+    assert num_tokens.tolist() == [7, 4]
+    assert np.isfinite(got).all()

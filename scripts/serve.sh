@@ -12,7 +12,11 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TRITONSERVER="${ROOT}/.venv/bin/tritonserver"
 [[ -x "$TRITONSERVER" ]] || { echo "serve.sh: ${TRITONSERVER} not found; run scripts/setup.sh first" >&2; exit 1; }
 ADDR="${BIND_ADDRESS:-127.0.0.1}"
-exec "$TRITONSERVER" \
+# The supervisor runs tritonserver (explicit model control, all models loaded) and reloads a
+# model whose Python-backend stub process died; SUPERVISE=0 runs tritonserver bare.
+SUPERVISOR=("${ROOT}/.venv/bin/python" -m triton_embed.serving.supervisor --)
+[[ "${SUPERVISE:-1}" == "0" ]] && SUPERVISOR=("$TRITONSERVER")
+exec "${SUPERVISOR[@]}" \
     --model-repository "${MODEL_REPOSITORY:-${ROOT}/model_repository}" \
     --grpc-address "$ADDR" --http-address "$ADDR" --metrics-address "$ADDR" \
     --log-verbose 0 \

@@ -24,6 +24,11 @@ def _add_connection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default=DEFAULT_URL, help="gRPC endpoint host:port (default %(default)s)")
     p.add_argument("--model", default=DEFAULT_MODEL, help="ensemble name (default %(default)s)")
     p.add_argument("--timeout-s", type=float, default=120.0, help="per-request deadline, seconds")
+    p.add_argument("--truncation", choices=("NONE", "END", "START"), default=None,
+                   help="over-long texts: NONE = error, END = keep the start, START = keep the "
+                        "end (default: the server's, END)")
+    p.add_argument("--allow-empty", action="store_true", default=None,
+                   help="embed empty texts instead of rejecting them")
 
 
 def _add_corpus_args(p: argparse.ArgumentParser) -> None:
@@ -88,7 +93,8 @@ def run_embed(args: argparse.Namespace) -> dict:
     if not texts:
         raise EmbedClientError(f"{args.input} holds no texts")
     with EmbeddingClient(args.url, args.model, timeout_s=args.timeout_s,
-                         max_concurrency=args.concurrency, batch_size=args.batch_size) as client:
+                         max_concurrency=args.concurrency, batch_size=args.batch_size,
+                         truncation=args.truncation, allow_empty=args.allow_empty) as client:
         bar = tqdm(total=len(texts), unit="text", disable=args.no_progress, file=sys.stderr)
 
         def progress(n_texts: int, n_tokens: int) -> None:
@@ -163,7 +169,8 @@ def run_query(args: argparse.Namespace) -> list[dict]:
             f"{args.corpus} has {len(texts)} texts but {args.embeddings} has {len(vectors)} "
             "embeddings; pass the file that was embedded"
         )
-    with EmbeddingClient(args.url, args.model, timeout_s=args.timeout_s) as client:
+    with EmbeddingClient(args.url, args.model, timeout_s=args.timeout_s,
+                         truncation=args.truncation, allow_empty=args.allow_empty) as client:
         qv = client.embed(args.queries)
     results = []
     for query, hits in zip(args.queries, nearest(vectors, qv, args.top_k)):

@@ -65,6 +65,11 @@ class EmbeddingClient:
         max_concurrency: requests in flight at once.
         batch_size: texts per request; ``None`` uses the server's ``max_batch_size``.
             Larger values are capped at it.
+        truncation: ``NONE`` / ``END`` / ``START`` sent as the request parameter
+            ``truncation``; ``None`` keeps the server default (``END``).
+        allow_empty: send ``allow_empty`` (embed empty texts instead of rejecting them).
+        invalid_utf8: ``error`` or ``replace`` (U+FFFD) for ``bytes`` texts that are not
+            valid UTF-8; ``None`` keeps the server default (``error``).
 
     Raises:
         ServerUnavailableError: the server cannot be reached or the model is not ready.
@@ -77,8 +82,23 @@ class EmbeddingClient:
         timeout_s: float = 120.0,
         max_concurrency: int = 4,
         batch_size: int | None = None,
+        truncation: str | None = None,
+        allow_empty: bool | None = None,
+        invalid_utf8: str | None = None,
     ):
         import tritonclient.grpc as grpcclient
+
+        self.parameters: dict[str, str | bool] = {}
+        if truncation is not None:
+            if str(truncation).upper() not in ("NONE", "END", "START"):
+                raise InvalidInputError(f"truncation={truncation!r} is not one of NONE, END, START")
+            self.parameters["truncation"] = str(truncation).upper()
+        if allow_empty is not None:
+            self.parameters["allow_empty"] = bool(allow_empty)
+        if invalid_utf8 is not None:
+            if invalid_utf8 not in ("error", "replace"):
+                raise InvalidInputError(f"invalid_utf8={invalid_utf8!r} is not one of error, replace")
+            self.parameters["invalid_utf8"] = invalid_utf8
 
         self._grpc = grpcclient
         self.url = url
@@ -174,7 +194,11 @@ class EmbeddingClient:
         outputs = [grpc.InferRequestedOutput("EMBEDDING"), grpc.InferRequestedOutput("NUM_TOKENS")]
         try:
             result = self._client.infer(
-                self.model, [inp], outputs=outputs, client_timeout=self.timeout_s
+                self.model,
+                [inp],
+                outputs=outputs,
+                client_timeout=self.timeout_s,
+                parameters=self.parameters or None,
             )
         except Exception as exc:
             raise _map_error(exc, self.url, offset, len(batch)) from None

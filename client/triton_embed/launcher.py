@@ -75,9 +75,10 @@ class TritonServer:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def command(self) -> list[str]:
-        """The full ``tritonserver`` command line."""
+        """The full command line: ``tritonserver`` under the stub supervisor (restarts a
+        model whose stub died; see :mod:`triton_embed.serving.supervisor`)."""
         return [
-            str(default_tritonserver()),
+            sys.executable, "-m", "triton_embed.serving.supervisor", "--",
             "--model-repository", str(self.model_repository),
             "--grpc-address", "127.0.0.1", "--grpc-port", str(self.grpc_port),
             "--http-address", "127.0.0.1", "--http-port", str(self.http_port),

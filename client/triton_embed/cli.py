@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     e = sub.add_parser("embed", help="embed a text/JSONL file into .npy (and Parquet)")
-    e.add_argument("input", type=Path, help="text file (one text per line) or JSONL")
+    e.add_argument("input", type=Path,
+                   help="text file (one text per line; blank lines are skipped) or JSONL")
     e.add_argument("-o", "--output", type=Path, required=True, help="output .npy (float32 [n, dim])")
     e.add_argument("--parquet", type=Path, help="also write a Parquet file (text, num_tokens, embedding)")
     e.add_argument("--batch-size", type=int, default=None,
@@ -92,6 +93,9 @@ def run_embed(args: argparse.Namespace) -> dict:
     texts = read_texts(args.input, args.format, args.field)
     if not texts:
         raise EmbedClientError(f"{args.input} holds no texts")
+    for out in (args.output, args.parquet, args.summary_json):
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
     with EmbeddingClient(args.url, args.model, timeout_s=args.timeout_s,
                          max_concurrency=args.concurrency, batch_size=args.batch_size,
                          truncation=args.truncation, allow_empty=args.allow_empty) as client:
@@ -104,7 +108,6 @@ def run_embed(args: argparse.Namespace) -> dict:
         result = client.embed_with_details(texts, on_batch_done=progress)
         elapsed = time.perf_counter() - t0
         bar.close()
-    args.output.parent.mkdir(parents=True, exist_ok=True)
     np.save(args.output, result.embeddings)
     if args.parquet:
         import pyarrow as pa
@@ -162,6 +165,8 @@ def nearest(corpus_vectors: np.ndarray, query_vectors: np.ndarray, k: int) -> li
 
 def run_query(args: argparse.Namespace) -> list[dict]:
     """``triton-embed query``: prints and returns the hits."""
+    if args.top_k < 1:
+        raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
     vectors = np.load(args.embeddings)
     texts = read_texts(args.corpus, args.format, args.field)
     if len(texts) != len(vectors):

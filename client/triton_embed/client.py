@@ -107,9 +107,9 @@ class EmbeddingClient:
         self.max_concurrency = max(1, max_concurrency)
         self._client = grpcclient.InferenceServerClient(url)
         self.max_batch_size = self._server_max_batch_size()
-        self.batch_size = min(batch_size or self.max_batch_size, self.max_batch_size)
-        if self.batch_size < 1:
+        if batch_size is not None and batch_size < 1:
             raise InvalidInputError(f"batch_size must be >= 1, got {batch_size}")
+        self.batch_size = min(batch_size or self.max_batch_size, self.max_batch_size)
 
     def _server_max_batch_size(self) -> int:
         try:
@@ -163,6 +163,10 @@ class EmbeddingClient:
         Returns:
             :class:`EmbedResult`.
         """
+        if isinstance(texts, (str, bytes)):
+            raise InvalidInputError(
+                "texts must be a sequence of texts, not a single str/bytes; wrap it in a list"
+            )
         payloads = [_as_bytes(t) for t in texts]
         if not payloads:
             return EmbedResult(np.zeros((0, 0), np.float32), np.zeros(0, np.int32), [])

@@ -22,8 +22,8 @@ def read_texts(path: str | Path, fmt: str = "auto", field: str = "text") -> list
         The texts in file order.
 
     Raises:
-        ValueError: unknown ``fmt``, or a JSONL line that is not an object with a string
-            under ``field`` (names the line number).
+        ValueError: unknown ``fmt``, a line that is not UTF-8, or a JSONL line that is not
+            an object with a string under ``field`` (names the line number).
     """
     path = Path(path)
     if fmt == "auto":
@@ -31,9 +31,16 @@ def read_texts(path: str | Path, fmt: str = "auto", field: str = "text") -> list
     if fmt not in ("text", "jsonl"):
         raise ValueError(f"unknown format {fmt!r}; use text, jsonl or auto")
     texts: list[str] = []
-    with open(path, encoding="utf-8-sig") as f:  # -sig: a leading byte-order mark is not text
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\n")
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")  # -sig: drop a BOM
+            except UnicodeDecodeError as exc:
+                raise ValueError(
+                    f"{path}:{lineno}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at column "
+                    f"{exc.start + 1}); convert the file to UTF-8"
+                ) from None
+            line = line.rstrip("\r\n")
             if not line.strip():
                 continue
             if fmt == "text":

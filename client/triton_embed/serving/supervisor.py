@@ -187,7 +187,9 @@ class Supervisor:
                 self.log(f"model {model!r} has {alive.get(model, 0)} of {want} stub processes "
                          f"alive; reloading {model!r}")
                 t0 = time.monotonic()
+                old = {pid for pid, m in self.stubs().items() if m == model}
                 if self._load(model):
+                    self._retire(old)
                     self._wait_for_stub_count(model, want)
                     self.log(f"reloaded {model!r} in {time.monotonic() - t0:.1f} s")
                     failures = 0
@@ -199,6 +201,27 @@ class Supervisor:
                         self.process.wait()
                         return EXIT_RELOAD_FAILED
         return self.process.returncode
+
+    def _retire(self, old: set[int], grace_s: float = 15.0) -> None:
+        """Stop the surviving stubs of the replaced model version.
+
+        Traffic already goes to the new instances. Triton 2.51 never finishes unloading a
+        version one of whose stubs died, so its surviving stubs would linger with their
+        engines' memory; after ``grace_s`` they are killed.
+        """
+        import psutil
+
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in old):
+            time.sleep(0.5)
+        for pid in old:
+            try:
+                proc = psutil.Process(pid)
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    self.log(f"stopping stub process {pid} of the replaced model version")
+                    proc.kill()
+            except psutil.Error:
+                pass
 
     def _wait_for_stub_count(self, model: str, expected: int, timeout_s: float = 60.0) -> None:
         """After a reload, wait until the old instances are gone and the new ones run."""

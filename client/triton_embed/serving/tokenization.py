@@ -12,6 +12,7 @@ are kept, so a truncated text has exactly ``max_length`` tokens, the same IDs as
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,8 @@ from triton_embed.serving.errors import (
 
 
 REQUEST_OPTIONS = ("truncation", "allow_empty", "invalid_utf8")
+# Applied only to texts longer than max_chars (see TextTokenizer._prepare).
+_LONG_WHITESPACE = re.compile(r"\s{64,}")
 
 
 def parse_request_options(parameters: dict) -> dict:
@@ -204,6 +207,10 @@ class TextTokenizer:
                 "parameter allow_empty=true to embed it"
             )
         cap = self.config.max_chars
+        if len(text) > cap:
+            # Long whitespace runs carry no tokens for WordPiece/BPE pre-tokenizers; collapse
+            # them so that a text padded with whitespace keeps its words under the cap.
+            text = _LONG_WHITESPACE.sub(" ", text)
         if len(text) > cap:
             if truncation is Truncation.NONE:
                 raise TooLongError(

@@ -6,7 +6,7 @@
   ``libtriton_python.so`` (the Python backend looks for ``triton_python_backend_stub`` in its
   own folder);
 * writes ``.venv/bin/tritonserver``, a wrapper that sets the environment the stub's embedded
-  interpreter needs (PLATFORM.md's three traps: which ``libpython``, which site-packages, and
+  interpreter needs (README, troubleshooting; three traps: which ``libpython``, which site-packages, and
   vLLM's in-process engine) and adds ``--backend-directory`` unless given;
 * writes ``.venv/bin/perf_analyzer``, a wrapper that puts a ``libcudart.so.12`` on the
   library path for the 2.51 binary.

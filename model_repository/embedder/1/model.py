@@ -22,6 +22,7 @@ from triton_embed.serving import engine as engine_mod  # noqa: E402
 from triton_embed.serving.batching import flatten, split  # noqa: E402
 from triton_embed.serving.config import EmbedderConfig  # noqa: E402
 from triton_embed.serving.errors import EmbedServingError, to_triton_error  # noqa: E402
+from triton_embed.serving.metrics import StepMetrics  # noqa: E402
 
 
 class TritonPythonModel:
@@ -42,6 +43,7 @@ class TritonPythonModel:
         )
         cpus = engine_mod.apply_placement(env)
         self.engine = engine_mod.PoolingEngine(self.config)
+        self.metrics = StepMetrics(pb_utils, "embedder", name)
         pb_utils.Logger.log_info(
             f"embedder {name}: {self.config.model_path.name}, dim={self.engine.dim}, "
             f"max_length={self.config.max_length}, cpus={','.join(map(str, cpus))}, "
@@ -59,6 +61,7 @@ class TritonPythonModel:
                     [bytes(p) for p in payloads], self.engine.vocab_size, self.config.max_length
                 )
             except EmbedServingError as exc:
+                self.metrics.failure(exc)
                 responses[r] = pb_utils.InferenceResponse(error=to_triton_error(exc, pb_utils))
                 continue
             valid.append(r)
@@ -69,9 +72,11 @@ class TritonPythonModel:
         except EmbedServingError as exc:
             error = to_triton_error(exc, pb_utils)
             for r in valid:
+                self.metrics.failure(exc)
                 responses[r] = pb_utils.InferenceResponse(error=error)
             return responses
-        for r, vectors in zip(valid, per_request):
+        for r, vectors, ids in zip(valid, per_request, token_ids):
+            self.metrics.success(texts=len(ids), tokens=sum(len(x) for x in ids))
             tensor = pb_utils.Tensor("EMBEDDING", codec.encode_embeddings(vectors).reshape(-1, 1))
             responses[r] = pb_utils.InferenceResponse(output_tensors=[tensor])
         return responses

@@ -19,6 +19,7 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 from triton_embed import codec  # noqa: E402
 from triton_embed.serving.config import TokenizerConfig  # noqa: E402
 from triton_embed.serving.errors import EmbedServingError, to_triton_error  # noqa: E402
+from triton_embed.serving.metrics import StepMetrics  # noqa: E402
 from triton_embed.serving.tokenization import (  # noqa: E402
     TextRequest,
     TextTokenizer,
@@ -35,6 +36,7 @@ class TritonPythonModel:
         repository_dir = Path(args["model_repository"]).parent
         self.config = TokenizerConfig.from_model_config(model_config, repository_dir)
         self.tokenizer = TextTokenizer(self.config)
+        self.metrics = StepMetrics(pb_utils, "tokenizer", args["model_instance_name"])
         pb_utils.Logger.log_info(
             f"tokenizer {args['model_instance_name']}: {self.config.model_path.name}, "
             f"max_length={self.config.max_length}, truncation={self.config.truncation.value}"
@@ -55,8 +57,14 @@ class TritonPythonModel:
         responses = []
         for result in results:
             if isinstance(result, Exception):
+                self.metrics.failure(result)
                 responses.append(pb_utils.InferenceResponse(error=to_triton_error(result, pb_utils)))
                 continue
+            self.metrics.success(
+                texts=len(result.token_ids),
+                tokens=sum(result.num_tokens),
+                truncated=sum(k < n for k, n in zip(result.num_tokens, result.num_input_tokens)),
+            )
             token_ids = codec.encode_token_ids(result.token_ids).reshape(-1, 1)
             num_tokens = np.array(result.num_tokens, dtype=np.int32).reshape(-1, 1)
             responses.append(

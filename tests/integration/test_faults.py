@@ -1,0 +1,210 @@
+"""Faults: a dead stub, failing traffic, large responses, shutdown. One dedicated server."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from triton_embed.launcher import TritonServer
+
+from .conftest import DIM, MAX_LENGTH
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+RECOVERY_LIMIT_S = 90  # README: a dead embedder stub is replaced within 90 s on 2 cores
+RSS_MARGIN_MB = 150  # README: server RSS returns within 150 MB of its warmed-up baseline
+
+
+@pytest.fixture(scope="module")
+def fault_server():
+    srv = TritonServer(ready_timeout_s=400)
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def texts_request(client, texts, **parameters):
+    arr = np.empty((len(texts), 1), dtype=object)
+    arr[:, 0] = [t if isinstance(t, bytes) else t.encode() for t in texts]
+    inp = grpcclient.InferInput("TEXT", list(arr.shape), "BYTES")
+    inp.set_data_from_numpy(arr)
+    return client.infer("embed", [inp], parameters=parameters or None, client_timeout=120)
+
+
+def stubs(server):
+    out = {}
+    for p in psutil.Process(server.process.pid).children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and "triton_python_backend_stub" in p.cmdline()[0]:
+                out[p.pid] = p
+        except (psutil.Error, IndexError):
+            pass
+    return out
+
+
+def server_rss_mb(server):
+    procs = [psutil.Process(server.process.pid), *psutil.Process(server.process.pid).children(recursive=True)]
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total / 2**20
+
+
+def shm_bytes(server):
+    """Bytes of /dev/shm regions of this server's Python-backend stubs."""
+    names = set()
+    for p in stubs(server).values():
+        for arg in p.cmdline():
+            if arg.startswith("triton_python_backend_shm_region"):
+                names.add(arg)
+    return sum(Path("/dev/shm", n).stat().st_size for n in names if Path("/dev/shm", n).exists())
+
+
+def metric(server, name, model):
+    """Sum of a Triton counter over its labels (failures carry a `reason` label)."""
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    total = 0.0
+    for labels, value in re.findall(rf"^{name}{{([^}}]*)}} (\S+)$", text, re.M):
+        if f'model="{model}"' in labels:
+            total += float(value)
+    return total
+
+
+def test_failing_traffic_does_not_leak_and_counts_as_failures(fault_server):
+    def run(n):
+        def one(i):
+            client = clients[threading.get_ident() % len(clients)]
+            try:
+                if i % 2:
+                    texts_request(client, [f"valid text number {i}"])
+                    return True
+                texts_request(client, [b"bad \xff"] if i % 4 == 0 else [""])
+                return True
+            except InferenceServerException as exc:
+                assert exc.status() == "StatusCode.INVALID_ARGUMENT", exc
+                return False
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            return list(pool.map(one, range(n)))
+
+    clients = [grpcclient.InferenceServerClient(fault_server.grpc_url) for _ in range(16)]
+    try:
+        run(1000)  # warm-up: shared-memory regions and allocators reach their working size
+        time.sleep(1)
+        rss0, shm0 = server_rss_mb(fault_server), shm_bytes(fault_server)
+        fail0 = metric(fault_server, "triton_embed_requests_failed_total", "tokenizer")
+        ok0 = metric(fault_server, "triton_embed_requests_succeeded_total", "tokenizer")
+        ok_embedder0 = metric(fault_server, "triton_embed_requests_succeeded_total", "embedder")
+        results = run(5000)
+    finally:
+        for c in clients:
+            c.close()
+    time.sleep(2)
+    assert results.count(True) == 2500 and results.count(False) == 2500
+    # Our own counters (Triton 2.51 counts a Python-backend error response as a success of
+    # that model, and an ensemble failure twice; see triton_embed.serving.metrics).
+    assert metric(fault_server, "triton_embed_requests_failed_total", "tokenizer") - fail0 == 2500
+    assert metric(fault_server, "triton_embed_requests_succeeded_total", "tokenizer") - ok0 == 2500
+    assert metric(fault_server, "triton_embed_requests_succeeded_total", "embedder") - ok_embedder0 == 2500
+    rss1, shm1 = server_rss_mb(fault_server), shm_bytes(fault_server)
+    print(f"RSS {rss0:.0f} -> {rss1:.0f} MB, /dev/shm {shm0} -> {shm1} bytes")
+    assert rss1 - rss0 < RSS_MARGIN_MB
+    assert shm1 == shm0
+    assert fault_server.is_ready()
+
+
+def test_large_responses_pass_grpc_and_perf_analyzer(fault_server, tmp_path):
+    client = grpcclient.InferenceServerClient(fault_server.grpc_url)
+    long_texts = [("sentence %d " % i) * 3000 for i in range(64)]  # 64 x ~40 KB in, 64 x 1536 B out
+    result = texts_request(client, long_texts)
+    client.close()
+    assert result.as_numpy("EMBEDDING").shape == (64, 1)
+    assert result.as_numpy("NUM_TOKENS").reshape(-1).tolist() == [MAX_LENGTH] * 64
+    data = tmp_path / "long.json"
+    data.write_text(json.dumps({"data": [{"TEXT": {"content": [long_texts[0]], "shape": [1]}}]}))
+    proc = subprocess.run(
+        [str(Path(sys.prefix) / "bin" / "perf_analyzer"), "-m", "embed", "-i", "grpc",
+         "-u", fault_server.grpc_url, "--input-data", str(data), "-b", "64",
+         "--concurrency-range", "1", "--measurement-mode", "count_windows",
+         "--measurement-request-count", "2", "--stability-percentage", "500", "--max-trials", "3"],
+        capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "Throughput:" in out and "message" not in out.lower()
+
+
+def test_a_killed_embedder_stub_is_replaced(fault_server):
+    before = {pid: p for pid, p in stubs(fault_server).items() if "/embedder/" in p.cmdline()[1]}
+    assert len(before) == 2
+    victim = next(p for p in before.values() if "embedder_0_0" in p.cmdline())
+    victim.kill()
+    client = grpcclient.InferenceServerClient(fault_server.grpc_url)
+    t0 = time.monotonic()
+    streak = 0
+    while time.monotonic() - t0 < RECOVERY_LIMIT_S and streak < 3:
+        ok = 0
+        for _ in range(4):
+            try:
+                texts_request(client, ["probe"])
+                ok += 1
+            except InferenceServerException as exc:
+                assert "not healthy" in exc.message() or "unavailable" in exc.message().lower(), exc
+        streak = streak + 1 if ok == 4 else 0
+        time.sleep(0.5)
+    recovery_s = time.monotonic() - t0
+    client.close()
+    print(f"recovered in {recovery_s:.1f} s")
+    assert streak >= 3, f"still failing after {recovery_s:.0f} s:\n{fault_server.log_tail()}"
+    deadline = time.monotonic() + 60  # the old instance is unloaded after the switch
+    while "reloaded 'embedder'" not in fault_server.log_tail(200_000) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert "reloaded 'embedder'" in fault_server.log_tail(200_000)
+    after = {pid: p for pid, p in stubs(fault_server).items() if "/embedder/" in p.cmdline()[1]}
+    assert len(after) == 2 and victim.pid not in after
+    assert fault_server.is_ready()
+
+
+def test_sigterm_drains_in_flight_requests_and_leaves_no_stubs():
+    """On a fresh server: (after a stub death, Triton 2.51 cannot unload the old model
+    version and shutdown ends at its exit timeout with code 1; README, faults)."""
+    fault_server = TritonServer(ready_timeout_s=400).start()
+    stub_procs = list(stubs(fault_server).values())
+    assert stub_procs
+    texts = ["a moderately long sentence for the drain test " * 20] * 64
+
+    def one(_):
+        client = grpcclient.InferenceServerClient(fault_server.grpc_url)
+        try:
+            return texts_request(client, texts).as_numpy("EMBEDDING").shape
+        finally:
+            client.close()
+
+    try:
+        with ThreadPoolExecutor(max_workers=6) as pool:
+            futures = [pool.submit(one, i) for i in range(6)]
+            time.sleep(0.5)  # requests are in flight
+            fault_server.process.send_signal(signal.SIGTERM)
+            shapes = [f.result(timeout=180) for f in futures]
+        assert shapes == [(64, 1)] * 6
+        assert fault_server.process.wait(timeout=120) == 0
+    finally:
+        fault_server.stop()
+    time.sleep(1)
+    for p in stub_procs:
+        assert not p.is_running() or p.status() == psutil.STATUS_ZOMBIE, p.pid

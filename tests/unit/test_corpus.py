@@ -40,7 +40,7 @@ def test_text_empty_file(tmp_path):
 def test_text_invalid_utf8_raises(tmp_path):
     f = tmp_path / "bad.txt"
     f.write_bytes(b"ok\n\xff\xfe\n")
-    with pytest.raises(UnicodeDecodeError):
+    with pytest.raises(ValueError, match=r"bad.txt:2: not valid UTF-8 \(byte 0xff at column 1\)"):
         read_texts(f)
 
 

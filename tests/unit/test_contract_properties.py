@@ -1,0 +1,80 @@
+"""Property tests: arbitrary bytes and lengths never crash the tokenizer step."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from triton_embed.serving.config import TokenizerConfig, Truncation
+from triton_embed.serving.errors import EmptyTextError, InvalidUtf8Error, TooLongError
+from triton_embed.serving.tokenization import (
+    TextRequest,
+    TextTokenizer,
+    Tokenized,
+    parse_request_options,
+)
+from triton_embed.serving.errors import InvalidInputError
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    config = TokenizerConfig.from_model_config({"parameters": {"max_chars": {"string_value": "2000"}}})
+    return TextTokenizer(config)
+
+
+DOCUMENTED = (EmptyTextError, InvalidUtf8Error, TooLongError)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    texts=st.lists(st.binary(max_size=3000), min_size=1, max_size=4),
+    truncation=st.sampled_from(list(Truncation)),
+    allow_empty=st.booleans(),
+    replace=st.booleans(),
+)
+def test_any_bytes_give_a_tokenization_or_a_documented_error(tokenizer, texts, truncation, allow_empty, replace):
+    request = TextRequest(texts=texts, truncation=truncation, allow_empty=allow_empty,
+                          replace_invalid_utf8=replace)
+    (result,) = tokenizer.tokenize_requests([request])
+    if isinstance(result, Tokenized):
+        assert len(result.token_ids) == len(texts)
+        for ids in result.token_ids:
+            assert 2 <= len(ids) <= 256
+            assert ids[0] == 101 and ids[-1] == 102
+            assert all(0 <= i < tokenizer.vocab_size for i in ids)
+    else:
+        assert isinstance(result, DOCUMENTED), repr(result)
+        assert "text " in str(result)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(words=st.integers(min_value=0, max_value=700))
+def test_any_length_gives_a_vector_sized_input_or_too_long(tokenizer, words):
+    text = ("word " * words).encode()
+    (end,) = tokenizer.tokenize_requests([TextRequest([text], Truncation.END, allow_empty=True)])
+    assert end.num_tokens == [min(words + 2, 256)]
+    (none,) = tokenizer.tokenize_requests([TextRequest([text], Truncation.NONE, allow_empty=True)])
+    if len(text) > 2000:  # this fixture's max_chars: rejected before tokenization
+        assert isinstance(none, TooLongError) and f"has {len(text)} characters" in str(none)
+    elif words + 2 > 256:
+        assert isinstance(none, TooLongError) and f"has {words + 2} tokens" in str(none)
+    else:
+        assert none.num_tokens == [words + 2]
+
+
+@given(st.dictionaries(st.sampled_from(["truncation", "allow_empty", "invalid_utf8", "priority"]),
+                       st.one_of(st.text(max_size=8), st.booleans(), st.integers())))
+def test_request_options_parse_or_raise_invalid_input(params):
+    try:
+        options = parse_request_options(params)
+    except InvalidInputError as exc:
+        assert "request parameter" in str(exc)
+    else:
+        assert set(options) <= {"truncation", "allow_empty", "replace_invalid_utf8"}
+
+
+def test_whitespace_runs_do_not_push_words_past_the_character_cap(tokenizer):
+    text = (" " * 20000 + "the cat sat on the mat").encode()
+    (result,) = tokenizer.tokenize_requests([TextRequest([text])])
+    assert result.num_tokens == [8]  # [CLS] the cat sat on the mat [SEP]

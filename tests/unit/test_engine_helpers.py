@@ -232,34 +232,30 @@ def test_decode_request_out_of_vocab_and_too_long():
         decode_request_token_ids([pack([1, -(2**31)])], VOCAB, 256)
 
 
-def test_apply_placement_pins_the_process_to_the_bound_cpus():
-    """Run in a child process: pinning is process-wide and must not leak into pytest."""
+def placement_in_child(env: dict, echo: str) -> list:
+    """apply_placement(env) in a child process (pinning is process-wide and must not leak
+    into pytest); returns [returned cpus, affinity afterwards, os.environ[echo]]."""
+    import json
     import subprocess
     import sys
 
     code = (
-        "import os, json; from triton_embed.serving.engine import apply_placement; "
-        "cpus = apply_placement({'VLLM_CPU_OMP_THREADS_BIND': '0', 'OMP_NUM_THREADS': '1'}); "
-        "print(json.dumps([cpus, sorted(os.sched_getaffinity(0)), os.environ['OMP_NUM_THREADS']]))"
+        "import os, json, sys; from triton_embed.serving.engine import apply_placement; "
+        f"cpus = apply_placement({env!r}); "
+        f"print(json.dumps([cpus, sorted(os.sched_getaffinity(0)), os.environ[{echo!r}]]))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    import json
+    return json.loads(out.stdout)
 
-    assert json.loads(out.stdout) == [[0], [0], "1"]
+
+def test_apply_placement_pins_the_process_to_the_bound_cpus():
+    env = {"VLLM_CPU_OMP_THREADS_BIND": "0", "OMP_NUM_THREADS": "1"}
+    assert placement_in_child(env, "OMP_NUM_THREADS") == [[0], [0], "1"]
 
 
 def test_apply_placement_without_a_bind_leaves_affinity_alone():
-    import subprocess
-    import sys
-
-    code = (
-        "import os, json; from triton_embed.serving.engine import apply_placement; "
-        "print(json.dumps([apply_placement({'CUDA_VISIBLE_DEVICES': '3'}), "
-        "sorted(os.sched_getaffinity(0)), os.environ['CUDA_VISIBLE_DEVICES']]))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    import json
     import os
 
     everything = sorted(os.sched_getaffinity(0))
-    assert json.loads(out.stdout) == [everything, everything, "3"]
+    assert placement_in_child({"CUDA_VISIBLE_DEVICES": "3"}, "CUDA_VISIBLE_DEVICES") == [
+        everything, everything, "3"]

@@ -203,6 +203,7 @@ def test_sigterm_drains_in_flight_requests_and_leaves_no_stubs():
             shapes = [f.result(timeout=180) for f in futures]
         assert shapes == [(64, 1)] * 6
         assert fault_server.process.wait(timeout=120) == 0
+        assert "Segfault" not in fault_server.log_tail(500_000)
     finally:
         fault_server.stop()
     time.sleep(1)

@@ -80,3 +80,8 @@ class TritonPythonModel:
             tensor = pb_utils.Tensor("EMBEDDING", codec.encode_embeddings(vectors).reshape(-1, 1))
             responses[r] = pb_utils.InferenceResponse(output_tensors=[tensor])
         return responses
+
+    def finalize(self):
+        """Free the metric families while the stub can still reach Triton (freeing them at
+        interpreter exit crashes the 2.51 stub)."""
+        self.metrics = None

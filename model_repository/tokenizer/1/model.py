@@ -76,3 +76,8 @@ class TritonPythonModel:
                 )
             )
         return responses
+
+    def finalize(self):
+        """Free the metric families while the stub can still reach Triton (freeing them at
+        interpreter exit crashes the 2.51 stub)."""
+        self.metrics = None

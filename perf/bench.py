@@ -27,6 +27,7 @@ import base64
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -73,38 +74,69 @@ def exact_texts(length: int, count: int = 64) -> list[str]:
     return out
 
 
-def engine_ceiling(length: int, seconds: float) -> dict:
-    """Tokens/s of the in-process engine on pre-tokenized texts (run in a child process)."""
-    code = f"""
-import json, os, time
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+_ENGINE_CODE = """
+import json, os, sys, time
+os.sched_setaffinity(0, {cpus})
 from vllm import LLM
 from vllm.inputs import TokensPrompt
 from transformers import AutoTokenizer
-import sys
-sys.path.insert(0, {str(REPO_ROOT / 'perf')!r})
+sys.path.insert(0, {perf_dir!r})
 from bench import exact_texts
-tok = AutoTokenizer.from_pretrained({str(MODEL)!r})
-texts = exact_texts({length}, 64)
-prompts = [TokensPrompt(prompt_token_ids=tok(t)["input_ids"]) for t in texts] * 4
-llm = LLM(model={str(MODEL)!r}, runner="pooling", dtype="float32", enforce_eager=True,
+tok = AutoTokenizer.from_pretrained({model!r})
+prompts = [TokensPrompt(prompt_token_ids=tok(t)["input_ids"]) for t in exact_texts({length}, 64)] * 4
+llm = LLM(model={model!r}, runner="pooling", dtype="float32", enforce_eager=True,
           gpu_memory_utilization=0.1, max_model_len=256)
 llm.embed(prompts[:16], use_tqdm=False)
+print("READY", flush=True)
+sys.stdin.readline()  # start together with the other replicas
 n, t0 = 0, time.perf_counter()
 while time.perf_counter() - t0 < {seconds}:
     llm.embed(prompts, use_tqdm=False)
     n += len(prompts)
-dt = time.perf_counter() - t0
-print("RESULT " + json.dumps({{"texts_s": n / dt}}))
+print("RESULT " + json.dumps({{"texts_s": n / (time.perf_counter() - t0)}}), flush=True)
 """
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", HF_HUB_OFFLINE="1",
-               OMP_NUM_THREADS=THREADS)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-    if line is None:
-        raise RuntimeError(f"engine run failed:\n{proc.stderr[-3000:]}")
-    texts_s = json.loads(line[7:])["texts_s"]
-    return {"texts_s": texts_s, "p50_ms": None, "p99_ms": None, "errors": 0}
+
+
+def engine_ceiling(length: int, seconds: float, replicas: int) -> dict:
+    """Texts/s of in-process vLLM engines on token IDs, no server: the machine's ceiling.
+
+    ``replicas=1``: one engine with every CPU (``OMP_NUM_THREADS`` = CPUs);
+    ``replicas=k``: ``k`` engines side by side, each pinned to its own CPU slice, summed
+    (the layout of our ``embedder`` instances).
+    """
+    from triton_embed.serving.engine import cpu_slice
+
+    cpus = sorted(os.sched_getaffinity(0))
+    procs = []
+    for i in range(replicas):
+        mine = cpu_slice(cpus, i, replicas)
+        code = _ENGINE_CODE.format(cpus=set(mine), perf_dir=str(REPO_ROOT / "perf"), model=str(MODEL),
+                                   length=length, seconds=seconds)
+        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", HF_HUB_OFFLINE="1",
+                   OMP_NUM_THREADS=str(len(mine)), VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, mine)))
+        procs.append(subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env))
+    try:
+        for p in procs:
+            for line in p.stdout:
+                if line.startswith("READY"):
+                    break
+            else:
+                raise RuntimeError("an engine replica failed to start")
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        total = 0.0
+        for p in procs:
+            line = next((x for x in p.stdout if x.startswith("RESULT ")), None)
+            if line is None:
+                raise RuntimeError("an engine replica failed")
+            total += json.loads(line[7:])["texts_s"]
+    finally:
+        for p in procs:
+            p.kill() if p.poll() is None else None
+            p.wait()
+    return {"texts_s": total, "p50_ms": None, "p99_ms": None, "errors": 0}
 
 
 def perf_analyzer(server: TritonServer, texts: list[str], batch: int, conc: int, seconds: float) -> dict:
@@ -115,9 +147,13 @@ def perf_analyzer(server: TritonServer, texts: list[str], batch: int, conc: int,
         out_csv = Path(tmp, "out.csv")
         cmd = [str(Path(sys.prefix) / "bin" / "perf_analyzer"), "-m", "embed", "-i", "grpc",
                "-u", server.grpc_url, "--input-data", str(data), "-b", str(batch),
-               "--concurrency-range", str(conc), "--measurement-interval", str(int(seconds * 1000)),
-               "--stability-percentage", "50", "--max-trials", "4", "-f", str(out_csv)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds * 12 + 120)
+               "--concurrency-range", str(conc),
+               # count windows: a time window shorter than one request's latency (16 long
+               # texts x 32 in flight) records nothing
+               "--measurement-mode", "count_windows",
+               "--measurement-request-count", str(max(2 * conc, int(seconds * 2))),
+               "--stability-percentage", "50", "--max-trials", "3", "-f", str(out_csv)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if proc.returncode != 0 or not out_csv.exists():
             return {"texts_s": 0.0, "p50_ms": None, "p99_ms": None, "errors": 1,
                     "detail": (proc.stdout + proc.stderr)[-500:]}
@@ -237,8 +273,11 @@ def run(mode: str, out_dir: Path) -> list[dict]:
               f"{row['tokens_s']:9.0f} tokens/s  p99={row['p99_ms'] or 0:8.1f} ms  errors={row['errors']}",
               flush=True)
 
+    replicas = min(2, len(os.sched_getaffinity(0)))
     for n in cfg["lengths"]:
-        record("engine", n, 0, 0, engine_ceiling(n, cfg["duration_s"]))
+        record("engine", n, 0, 1, engine_ceiling(n, cfg["duration_s"], 1))
+        if replicas > 1:
+            record("engine", n, 0, replicas, engine_ceiling(n, cfg["duration_s"], replicas))
     with TritonServer() as server:
         for n in cfg["lengths"]:
             for b in cfg["batches"]:
@@ -270,6 +309,7 @@ def summarize(rows: list[dict], out_dir: Path) -> str:
     lengths = sorted({r["length"] for r in rows})
     batches = sorted({r["batch"] for r in rows if r["batch"]})
     contenders = ["engine", "triton_pa", "triton_client", "vllm_float", "vllm_base64"]
+    # engine rows: batch 0, "concurrency" = engine replicas; the ceiling is the best layout
     lines = ["| contender | " + " | ".join(f"len {n}, {b}/req" for n in lengths for b in batches) + " |",
              "|---|" + "---|" * (len(lengths) * len(batches))]
     for c in contenders:
@@ -339,6 +379,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "perf" / "results")
     parser.add_argument("--compare", type=Path, help="reference results.json; exit 1 on a >10%% drop")
     args = parser.parse_args()
+    # SIGTERM unwinds like Ctrl-C, so the servers this run started are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows = run(args.mode, args.out)
     print()
     print(summarize(rows, args.out))

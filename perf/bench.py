@@ -15,6 +15,7 @@ Texts are real (Debian fortunes) cut to an exact token count with the model's to
     .venv/bin/python perf/bench.py --mode quick          # minutes: every contender runs once
     .venv/bin/python perf/bench.py --mode full           # the sweep behind perf/README.md
     .venv/bin/python perf/bench.py --compare perf/reference_cpu2.json  # >10% drop = exit 1
+    .venv/bin/python perf/bench.py --ablation instances   # embedder instance count 1/2/4
 
 Writes ``<out>/results.json`` (every run), ``<out>/summary.md`` and ``<out>/*.png``.
 """
@@ -297,6 +298,38 @@ def run(mode: str, out_dir: Path) -> list[dict]:
     return rows
 
 
+def instance_ablation(out_dir: Path, counts=(1, 2, 4), seconds: float = 10) -> list[dict]:
+    """Ablation: embedder instance count (each replica pinned to its slice of the CPUs).
+
+    Serves a copy of ``model_repository`` with the embedder's ``instance_group`` count
+    changed, and drives it with perf_analyzer at 50 tokens (1 text/request at concurrency 32,
+    16 texts/request at concurrency 8).
+    """
+    import re
+    import shutil
+
+    texts = exact_texts(50)
+    rows = []
+    for count in counts:
+        with tempfile.TemporaryDirectory() as tmp:
+            repo = Path(tmp, "model_repository")
+            shutil.copytree(REPO_ROOT / "model_repository", repo)
+            cfg = repo / "embedder" / "config.pbtxt"
+            cfg.write_text(re.sub(r"count: \d+, kind: KIND_CPU", f"count: {count}, kind: KIND_CPU",
+                                  cfg.read_text()))
+            with TritonServer(model_repository=repo) as server:
+                for batch, conc in ((1, 32), (16, 8)):
+                    result = perf_analyzer(server, texts, batch, conc, seconds)
+                    row = {"contender": f"embedder_x{count}", "length": 50, "batch": batch,
+                           "concurrency": conc, **result, "tokens_s": result["texts_s"] * 50}
+                    rows.append(row)
+                    print(f"embedder instances={count} batch={batch:2d} conc={conc:2d} "
+                          f"{row['tokens_s']:9.0f} tokens/s p99={row['p99_ms'] or 0:8.1f} ms", flush=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "ablation_instances.json").write_text(json.dumps({"rows": rows}, indent=1))
+    return rows
+
+
 def best(rows: list[dict], contender: str, length: int, batch: int | None = None) -> float:
     """Best tokens/s of a contender at one length (and texts per request)."""
     vals = [r["tokens_s"] for r in rows if r["contender"] == contender and r["length"] == length
@@ -378,7 +411,13 @@ def main() -> int:
     parser.add_argument("--mode", choices=sorted(MODES), default="quick")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "perf" / "results")
     parser.add_argument("--compare", type=Path, help="reference results.json; exit 1 on a >10%% drop")
+    parser.add_argument("--ablation", choices=("instances",),
+                        help="run only this ablation (embedder instance count 1/2/4)")
     args = parser.parse_args()
+    if args.ablation == "instances":
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        rows = instance_ablation(args.out)
+        return 1 if any(r["errors"] for r in rows) else 0
     # SIGTERM unwinds like Ctrl-C, so the servers this run started are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows = run(args.mode, args.out)

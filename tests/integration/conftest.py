@@ -56,15 +56,20 @@ def hf_tokenizer():
     return AutoTokenizer.from_pretrained(str(MODEL_PATH))
 
 
-def infer_embed(client, texts, model="embed"):
-    """Send texts [n, 1] to the ensemble; return (EMBEDDING object array [n], NUM_TOKENS [n])."""
+def text_input(texts):
+    """The ensemble's TEXT input [n, 1] BYTES (str is sent as UTF-8, bytes as is)."""
     import tritonclient.grpc as grpcclient
 
     arr = np.empty((len(texts), 1), dtype=object)
     arr[:, 0] = [t.encode("utf-8") if isinstance(t, str) else t for t in texts]
     inp = grpcclient.InferInput("TEXT", list(arr.shape), "BYTES")
     inp.set_data_from_numpy(arr)
-    result = client.infer(model, [inp])
+    return inp
+
+
+def infer_embed(client, texts, model="embed"):
+    """Send texts [n, 1] to the ensemble; return (EMBEDDING object array [n], NUM_TOKENS [n])."""
+    result = client.infer(model, [text_input(texts)])
     return result.as_numpy("EMBEDDING").reshape(-1), result.as_numpy("NUM_TOKENS").reshape(-1)
 
 

@@ -13,7 +13,6 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
 import psutil
 import pytest
 import tritonclient.grpc as grpcclient
@@ -21,7 +20,7 @@ from tritonclient.utils import InferenceServerException
 
 from triton_embed.launcher import TritonServer
 
-from .conftest import DIM, MAX_LENGTH
+from .conftest import MAX_LENGTH, text_input
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -38,11 +37,8 @@ def fault_server():
 
 
 def texts_request(client, texts, **parameters):
-    arr = np.empty((len(texts), 1), dtype=object)
-    arr[:, 0] = [t if isinstance(t, bytes) else t.encode() for t in texts]
-    inp = grpcclient.InferInput("TEXT", list(arr.shape), "BYTES")
-    inp.set_data_from_numpy(arr)
-    return client.infer("embed", [inp], parameters=parameters or None, client_timeout=120)
+    return client.infer("embed", [text_input(texts)], parameters=parameters or None,
+                        client_timeout=120)
 
 
 def stubs(server):

@@ -12,19 +12,16 @@ from tritonclient.utils import InferenceServerException
 
 from triton_embed.codec import decode_embeddings, encode_token_ids
 
-from .conftest import COSINE_MIN, DIM, MAX_LENGTH, cosines
+from .conftest import COSINE_MIN, DIM, MAX_LENGTH, cosines, text_input
 
 pytestmark = pytest.mark.integration
 
 
 def call(client, texts, model="embed", timeout_s=60, **parameters):
     """(embeddings [n, dim], num_tokens [n]) or the InferenceServerException."""
-    arr = np.empty((len(texts), 1), dtype=object)
-    arr[:, 0] = [t.encode("utf-8") if isinstance(t, str) else t for t in texts]
-    inp = grpcclient.InferInput("TEXT", list(arr.shape), "BYTES")
-    inp.set_data_from_numpy(arr)
     try:
-        r = client.infer(model, [inp], parameters=parameters or None, client_timeout=timeout_s)
+        r = client.infer(model, [text_input(texts)], parameters=parameters or None,
+                         client_timeout=timeout_s)
     except InferenceServerException as exc:
         return exc
     return decode_embeddings(r.as_numpy("EMBEDDING").reshape(-1)), r.as_numpy("NUM_TOKENS").reshape(-1)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from triton_embed.serving.batching import flatten, split
 from triton_embed.serving.config import TokenizerConfig, Truncation
 from triton_embed.serving.errors import (
     EmbedServingError,
@@ -167,34 +168,28 @@ class TextTokenizer:
             Per request, in order, a :class:`Tokenized` or the error for that request.
         """
         results: list[Tokenized | EmbedServingError | None] = [None] * len(requests)
-        flat: list[str] = []
-        owners: list[tuple[int, Truncation]] = []
+        valid: list[tuple[int, Truncation]] = []
+        prepared: list[list[str]] = []
         for r, req in enumerate(requests):
             truncation = req.truncation or self.config.truncation
             allow_empty = self.config.allow_empty if req.allow_empty is None else req.allow_empty
             replace = bool(req.replace_invalid_utf8)
             try:
-                texts = [
+                prepared.append([
                     self._prepare(p, i, truncation, allow_empty, replace)
                     for i, p in enumerate(req.texts)
-                ]
+                ])
             except EmbedServingError as exc:
                 results[r] = exc
                 continue
-            flat.extend(texts)
-            owners.append((r, truncation))
-            results[r] = Tokenized([], [])  # placeholder, filled below
+            valid.append((r, truncation))
+        flat, counts = flatten(prepared)
         bodies = [e.ids for e in self._backend.encode_batch(flat, add_special_tokens=False)]
-        pos = 0
-        for r, truncation in owners:
-            n = len(requests[r].texts)
+        for (r, truncation), request_bodies in zip(valid, split(bodies, counts)):
             try:
-                results[r] = self._finish(bodies[pos : pos + n], truncation)
+                results[r] = self._finish(request_bodies, truncation)
             except EmbedServingError as exc:
                 results[r] = exc
-            pos += n
-        if pos != len(bodies):  # the split must account for every text exactly once
-            raise AssertionError(f"split {pos} of {len(bodies)} tokenized texts")
         return results  # type: ignore[return-value]
 
     def _prepare(

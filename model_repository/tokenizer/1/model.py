@@ -50,7 +50,9 @@ class TritonPythonModel:
             try:
                 options = parse_request_options(json.loads(request.parameters() or "{}"))
             except EmbedServingError as exc:
-                option_errors[r], options = exc, {}
+                option_errors[r] = exc
+                text_requests.append(TextRequest(texts=[]))  # answered with the error below
+                continue
             text_requests.append(TextRequest(texts=[bytes(t) for t in texts], **options))
         results = self.tokenizer.tokenize_requests(text_requests)
         results = [option_errors.get(r, res) for r, res in enumerate(results)]

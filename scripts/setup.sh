@@ -113,6 +113,18 @@ PY
     step "removing ${UNWANTED[*]} (they break 'import vllm' and embeddings do not need them)"
     "${VENV}/bin/python" -m pip uninstall --quiet -y "${UNWANTED[@]}" >/dev/null 2>&1 || true
 
+    # promtool validates and unit-tests scripts/monitoring/prometheus_rules.yml. Only the binary
+    # is taken from Debian's prometheus package: installing the package would pull 37 more
+    # packages and start a Prometheus daemon.
+    step "installing promtool into .venv/bin (from Debian's prometheus package, binary only)"
+    (cd "$tmp" && { apt-get download -qq prometheus 2>/dev/null \
+        || { ${SUDO:-} apt-get update -qq && apt-get download -qq prometheus; }; }) \
+        || fail "apt-get download prometheus failed" "check access to the Debian mirror"
+    dpkg-deb --fsys-tarfile "$tmp"/prometheus_*.deb \
+        | tar -x -C "${VENV}/bin" --strip-components=3 ./usr/bin/promtool \
+        || fail "could not extract promtool from Debian's prometheus package"
+    "${VENV}/bin/promtool" --version >/dev/null 2>&1 || fail "promtool does not run"
+
     step "installing this project (editable, no dependency re-resolve)"
     "${PIP[@]}" --no-deps -e "$ROOT" || fail "pip install -e . failed"
     echo "$want_stamp" > "$STAMP"

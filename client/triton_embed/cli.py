@@ -3,6 +3,7 @@
 Subcommands:
     embed   embed a text file (one text per line) or JSONL into .npy (and optionally Parquet)
     query   the nearest texts of an embedded corpus to one or more queries
+    doctor  the host's GPU/CPU/NUMA topology and a placement plan for embedder instances
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 
 from triton_embed.client import DEFAULT_MODEL, DEFAULT_URL, EmbeddingClient
 from triton_embed.corpus import read_texts
+from triton_embed.doctor import CAPTURE_FILES_HELP, run_doctor
 from triton_embed.errors import EmbedClientError
 
 
@@ -64,6 +66,23 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--json", action="store_true", help="print results as JSON")
     _add_connection_args(q)
     _add_corpus_args(q)
+
+    d = sub.add_parser("doctor",
+                       help="host topology (GPUs, NUMA nodes, cores) and a placement plan")
+    d.add_argument("--json", action="store_true", help="print JSON (keys: host, plan, warnings)")
+    d.add_argument("--from-dir", type=Path, default=None,
+                   help="read captured outputs instead of running the commands: "
+                        + CAPTURE_FILES_HELP)
+    d.add_argument("--instances-per-gpu", type=int, default=4,
+                   help="embedder instances per GPU, or per tensor-parallel group "
+                        "(default %(default)s)")
+    d.add_argument("--cpu-instances", type=int, default=2,
+                   help="embedder instances on a CPU-only host, spread over NUMA nodes "
+                        "(default %(default)s)")
+    d.add_argument("--tp-size", type=int, default=1,
+                   help="GPUs per tensor-parallel group; groups never cross NUMA nodes "
+                        "(default %(default)s)")
+    d.add_argument("--plan-out", type=Path, default=None, help="also write the plan as JSON")
     return parser
 
 
@@ -202,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
             run_embed(args)
         elif args.command == "query":
             run_query(args)
+        elif args.command == "doctor":
+            run_doctor(args)
     except (EmbedClientError, OSError, ValueError) as exc:
         print(f"triton-embed {args.command}: error: {exc}", file=sys.stderr)
         return 1

@@ -77,3 +77,19 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     a = a / np.linalg.norm(a, axis=1, keepdims=True)
     b = b / np.linalg.norm(b, axis=1, keepdims=True)
     return (a * b).sum(axis=1)
+
+
+def scrape(server) -> list:
+    """Every sample on the server's metrics endpoint, parsed by prometheus_client."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    return [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+
+def metric_sum(samples, name, **labels) -> float:
+    """Sum of the samples called ``name`` whose labels include ``labels``."""
+    return sum(s.value for s in samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))

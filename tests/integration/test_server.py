@@ -31,27 +31,6 @@ def test_embedder_runs_at_least_two_instances(server, grpc_client):
     assert any("embedder_0_1" in c for c in embedder_stubs)
 
 
-def test_each_embedder_instance_is_pinned_to_its_own_cores(server):
-    """threads_bind=spread: replica i runs on its own slice of the CPUs (cpu_slice)."""
-    from triton_embed.serving.engine import cpu_slice, instance_index
-
-    server_cpus = sorted(psutil.Process(server.process.pid).cpu_affinity())
-    stubs = [p for p in psutil.Process(server.process.pid).children(recursive=True)
-             if "/embedder/1/model.py" in " ".join(p.cmdline())]
-    assert len(stubs) >= 2
-    seen: set[int] = set()
-    for stub in stubs:
-        name = next(a for a in stub.cmdline() if a.startswith("embedder_"))
-        want = cpu_slice(server_cpus, instance_index(name), len(stubs))
-        assert sorted(stub.cpu_affinity()) == want, name
-        # threads started by the engine (OpenMP pool) inherit the pinning
-        pinned = [t for t in stub.threads() if psutil.Process(t.id).cpu_affinity() == want]
-        assert len(pinned) >= len(stub.threads()) // 2, name
-        if len(server_cpus) >= len(stubs):
-            assert not seen & set(want), f"{name} shares CPUs {seen & set(want)}"
-        seen |= set(want)
-
-
 def test_both_steps_show_executions_in_statistics(grpc_client):
     infer_embed(grpc_client, ["statistics probe"])
     stats = grpc_client.get_inference_statistics(as_json=True)["model_stats"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,32 @@ class _Params:
         return value
 
 
+def _price(p: _Params) -> float:
+    price = p.float("hourly_price_usd", 0.0, -math.inf, math.inf)
+    if price < 0:
+        raise ValueError(f"parameter hourly_price_usd={price} must be >= 0 (0 = not configured)")
+    return price
+
+
+def _placement_mode(value: str, repository_dir: str | Path | None) -> str:
+    """``off``, ``auto``, or a plan file's absolute path (relative paths: from the repository).
+
+    Raises:
+        ValueError: a path that is not a file.
+    """
+    if value in ("off", "auto"):
+        return value
+    path = Path(value)
+    if not path.is_absolute() and repository_dir is not None:
+        path = Path(repository_dir) / path
+    if not path.is_file():
+        raise ValueError(
+            f"parameter numa_placement={value!r} is not off, auto or a plan file "
+            "(write one with: triton-embed doctor --plan-out plan.json)"
+        )
+    return str(path.resolve())
+
+
 def _model_and_length(p: _Params, repository_dir: str | Path | None) -> tuple[Path, int]:
     path = resolve_model_path(p.str("model_path", DEFAULT_MODEL_PATH), repository_dir)
     native = model_max_length(path)
@@ -186,6 +213,14 @@ class EmbedderConfig:
             vLLM (instances can land on the same cores: see README, placement).
         engine_args: further keyword arguments for ``vllm.LLM`` (parameter
             ``engine_args``, a JSON object); they override the fields above.
+        numa_placement: ``off``, ``auto`` or the absolute path of a plan JSON from
+            ``triton-embed doctor --plan-out`` (parameter ``numa_placement``; a relative path
+            is taken from the model repository); see :mod:`triton_embed.serving.placement`.
+        hourly_price_usd: price per hour of what the instances of one device share (the
+            host for KIND_CPU, one GPU for KIND_GPU), USD; 0 = not configured (parameter
+            ``hourly_price_usd``). Each instance is attributed ``1 / instances_per_device``.
+        cost_window_s: sliding window of the throughput behind the cost gauge, seconds
+            (parameter ``cost_window_s``, default 60).
     """
 
     model_path: Path
@@ -197,6 +232,9 @@ class EmbedderConfig:
     max_num_batched_tokens: int = 16384
     threads_bind: str = "spread"
     engine_args: dict[str, Any] = field(default_factory=dict)
+    numa_placement: str = "off"
+    hourly_price_usd: float = 0.0
+    cost_window_s: float = 60.0
 
     @classmethod
     def from_model_config(
@@ -229,6 +267,9 @@ class EmbedderConfig:
             max_num_batched_tokens=max_batched,
             threads_bind=p.choice("threads_bind", "spread", ("spread", "auto")),
             engine_args=p.json_object("engine_args"),
+            numa_placement=_placement_mode(p.str("numa_placement", "off"), repository_dir),
+            hourly_price_usd=_price(p),
+            cost_window_s=p.float("cost_window_s", 60.0, 0.0, 86400.0),
         )
 
     def llm_kwargs(self) -> dict[str, Any]:

@@ -44,7 +44,8 @@ def cpu_slice(cpus: Sequence[int], index: int, count: int) -> list[int]:
 
 
 def engine_environment(
-    config: EmbedderConfig, index: int, kind: str, device_id: int, cpus: Sequence[int]
+    config: EmbedderConfig, index: int, kind: str, device_id: int, cpus: Sequence[int],
+    planned_cpus: Sequence[int] | None = None, cuda_visible_devices: str | None = None,
 ) -> dict[str, str]:
     """Environment variables to set before vLLM is imported in a replica's process.
 
@@ -54,17 +55,22 @@ def engine_environment(
         kind: ``args["model_instance_kind"]`` (``CPU`` or ``GPU``).
         device_id: ``args["model_instance_device_id"]``.
         cpus: the CPUs this process may run on (``os.sched_getaffinity(0)``).
+        planned_cpus: a CPU replica's own CPUs from its NUMA placement
+            (:mod:`~triton_embed.serving.placement`); they replace the ``spread`` slice.
+        cuda_visible_devices: the server's own ``CUDA_VISIBLE_DEVICES`` (a server started
+            for one NUMA node sees only that node's GPUs); ``device_id`` indexes into it.
 
     Returns:
-        ``CUDA_VISIBLE_DEVICES`` for a GPU replica (its own GPU), or
+        ``CUDA_VISIBLE_DEVICES`` for a GPU replica (its own GPU, as the server numbers it), or
         ``VLLM_CPU_OMP_THREADS_BIND`` and ``OMP_NUM_THREADS`` for a CPU replica under
         ``threads_bind=spread``; empty otherwise.
     """
     env: dict[str, str] = {}
     if kind.upper() == "GPU":
-        env["CUDA_VISIBLE_DEVICES"] = str(device_id)
-    elif config.threads_bind == "spread":
-        mine = cpu_slice(cpus, index, config.instances_per_device)
+        visible = [v.strip() for v in (cuda_visible_devices or "").split(",") if v.strip()]
+        env["CUDA_VISIBLE_DEVICES"] = visible[device_id] if device_id < len(visible) else str(device_id)
+    elif planned_cpus or config.threads_bind == "spread":
+        mine = sorted(planned_cpus) if planned_cpus else cpu_slice(cpus, index, config.instances_per_device)
         env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in mine)
         env["OMP_NUM_THREADS"] = str(len(mine))
     return env

@@ -13,40 +13,45 @@ locale.setlocale(locale.LC_ALL, "C.UTF-8")
 
 import json  # noqa: E402
 import os  # noqa: E402
+import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from triton_embed import codec  # noqa: E402
 from triton_embed.serving import engine as engine_mod  # noqa: E402
+from triton_embed.serving import placement as placement_mod  # noqa: E402
 from triton_embed.serving.batching import flatten, split  # noqa: E402
 from triton_embed.serving.config import EmbedderConfig  # noqa: E402
 from triton_embed.serving.errors import EmbedServingError, to_triton_error  # noqa: E402
-from triton_embed.serving.metrics import StepMetrics  # noqa: E402
+from triton_embed.serving.metrics import InstanceReporter, StepMetrics  # noqa: E402
 
 
 class TritonPythonModel:
     """One vLLM engine per model instance, built once in ``initialize``."""
 
     def initialize(self, args):
-        """Parse the config, place this replica (CPUs or GPU), start its engine."""
+        """Parse the config, place this replica (NUMA node, CPUs, GPU), start its engine."""
         model_config = json.loads(args["model_config"])
         repository_dir = Path(args["model_repository"]).parent
         self.config = EmbedderConfig.from_model_config(model_config, repository_dir)
         name = args["model_instance_name"]
-        env = engine_mod.engine_environment(
-            self.config,
-            index=engine_mod.instance_index(name),
-            kind=args.get("model_instance_kind", "CPU"),
-            device_id=int(args.get("model_instance_device_id", 0) or 0),
-            cpus=sorted(os.sched_getaffinity(0)),
+        # Where this replica runs (numa_placement), applied before vLLM/torch start their
+        # threads, which inherit the CPU and memory binding.
+        placement, env = placement_mod.place_instance(
+            self.config, args.get("model_instance_kind", "CPU"), engine_mod.instance_index(name),
+            int(args.get("model_instance_device_id", 0) or 0),
         )
-        cpus = engine_mod.apply_placement(env)
         self.engine = engine_mod.PoolingEngine(self.config)
         self.metrics = StepMetrics(pb_utils, "embedder", name)
+        self.reporter = InstanceReporter(
+            self.metrics, list(placement.numa_nodes), placement.labels(),
+            hourly_price_usd=self.config.hourly_price_usd / self.config.instances_per_device,
+            window_s=self.config.cost_window_s,
+        ).start()
         pb_utils.Logger.log_info(
             f"embedder {name}: {self.config.model_path.name}, dim={self.engine.dim}, "
-            f"max_length={self.config.max_length}, cpus={','.join(map(str, cpus))}, "
+            f"max_length={self.config.max_length}, {placement.describe()}, "
             f"env={env or 'vLLM default'}"
         )
 
@@ -67,14 +72,19 @@ class TritonPythonModel:
             valid.append(r)
             token_ids.append(ids)
         flat, counts = flatten(token_ids)
+        t0 = time.perf_counter()
         try:
             per_request = split(self.engine.embed(flat), counts)
         except EmbedServingError as exc:
+            self.metrics.execute_done(time.perf_counter() - t0, 0, 0)
             error = to_triton_error(exc, pb_utils)
             for r in valid:
                 self.metrics.failure(exc)
                 responses[r] = pb_utils.InferenceResponse(error=error)
             return responses
+        tokens = sum(len(x) for x in flat)
+        self.metrics.execute_done(time.perf_counter() - t0, len(flat), tokens)
+        self.reporter.add_tokens(tokens)
         for r, vectors, ids in zip(valid, per_request, token_ids):
             self.metrics.success(texts=len(ids), tokens=sum(len(x) for x in ids))
             tensor = pb_utils.Tensor("EMBEDDING", codec.encode_embeddings(vectors).reshape(-1, 1))
@@ -84,4 +94,5 @@ class TritonPythonModel:
     def finalize(self):
         """Free the metric families while the stub can still reach Triton (freeing them at
         interpreter exit crashes the 2.51 stub)."""
-        self.metrics = None
+        self.reporter.stop()
+        self.reporter = self.metrics = None

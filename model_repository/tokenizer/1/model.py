@@ -11,6 +11,7 @@ import locale
 locale.setlocale(locale.LC_ALL, "C.UTF-8")
 
 import json  # noqa: E402
+import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -54,14 +55,18 @@ class TritonPythonModel:
                 text_requests.append(TextRequest(texts=[]))  # answered with the error below
                 continue
             text_requests.append(TextRequest(texts=[bytes(t) for t in texts], **options))
+        t0 = time.perf_counter()
         results = self.tokenizer.tokenize_requests(text_requests)
+        seconds = time.perf_counter() - t0
         results = [option_errors.get(r, res) for r, res in enumerate(results)]
-        responses = []
+        responses, batch_texts, batch_tokens = [], 0, 0
         for result in results:
             if isinstance(result, Exception):
                 self.metrics.failure(result)
                 responses.append(pb_utils.InferenceResponse(error=to_triton_error(result, pb_utils)))
                 continue
+            batch_texts += len(result.token_ids)
+            batch_tokens += sum(result.num_tokens)
             self.metrics.success(
                 texts=len(result.token_ids),
                 tokens=sum(result.num_tokens),
@@ -77,6 +82,7 @@ class TritonPythonModel:
                     ]
                 )
             )
+        self.metrics.execute_done(seconds, batch_texts, batch_tokens)
         return responses
 
     def finalize(self):

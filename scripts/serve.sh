@@ -5,6 +5,8 @@
 #   scripts/serve.sh --grpc-port 9001 --http-port 9000 --metrics-port 9002
 #   scripts/serve.sh --model-config-name gpu          # embedder/configs/gpu.pbtxt
 #   BIND_ADDRESS=0.0.0.0 scripts/serve.sh             # expose on every interface
+#   PER_NUMA_NODE=1 scripts/serve.sh                  # one server per NUMA node (numactl-bound,
+#                                                     # ports +10 per node; see README, Operations)
 #
 # Extra arguments go to tritonserver unchanged (later ones win). Needs scripts/setup.sh first.
 set -euo pipefail
@@ -16,6 +18,11 @@ ADDR="${BIND_ADDRESS:-127.0.0.1}"
 # model whose Python-backend stub process died; SUPERVISE=0 runs tritonserver bare.
 SUPERVISOR=("${ROOT}/.venv/bin/python" -m triton_embed.serving.supervisor --)
 [[ "${SUPERVISE:-1}" == "0" ]] && SUPERVISOR=("$TRITONSERVER")
+if [[ "${PER_NUMA_NODE:-0}" == "1" ]]; then
+    # The doctor's plan decides the servers; each runs under the supervisor with its own ports.
+    exec "${ROOT}/.venv/bin/python" -m triton_embed.serving.per_node --bind-address "$ADDR" -- \
+        --model-repository "${MODEL_REPOSITORY:-${ROOT}/model_repository}" --log-verbose 0 "$@"
+fi
 exec "${SUPERVISOR[@]}" \
     --model-repository "${MODEL_REPOSITORY:-${ROOT}/model_repository}" \
     --grpc-address "$ADDR" --http-address "$ADDR" --metrics-address "$ADDR" \

@@ -1,0 +1,117 @@
+"""One ``tritonserver`` per NUMA node, as ``triton-embed doctor`` plans it.
+
+The second source study (shared/seeds/numa-aware-vllm-cluster-case-study.ru.txt) lost 30% of
+a host's throughput to workers that ran on one socket and used memory and GPUs of the other;
+its fix was one worker group per NUMA node, pinned and declared. On a multi-node host this
+starts each planned server under ``numactl --cpunodebind=N --membind=N`` with
+``CUDA_VISIBLE_DEVICES`` set to that node's GPUs and its own ports (node k listens on the base
+ports + ``port_step * k``); inside it, ``numa_placement=auto`` places the instances on that
+node's cores. On a single-node host it runs one server, exactly like ``scripts/serve.sh``.
+
+Requests are not routed between the servers by this process: each server is a complete
+``embed`` endpoint, and clients (or a gRPC load balancer in front) spread requests across the
+endpoints it prints (README, "Operations").
+
+    PER_NUMA_NODE=1 scripts/serve.sh [tritonserver arguments]
+    python -m triton_embed.serving.per_node --dry-run      # print the commands only
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from triton_embed.serving.supervisor import option_value
+
+BASE_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+PORT_STEP = 10
+
+
+@dataclass(frozen=True)
+class NodeServer:
+    """One planned server: its command line, environment additions and ports."""
+
+    numa_node: int | None
+    argv: list[str]
+    env: dict[str, str]
+    ports: dict[str, int]
+
+
+def embedder_count(repository: Path, config_name: str | None) -> int:
+    """The embedder's ``instance_group`` count in the config the server will load.
+
+    Raises:
+        ValueError: the config has no ``count``.
+    """
+    folder = repository / "embedder"
+    path = folder / "configs" / f"{config_name}.pbtxt" if config_name else folder / "config.pbtxt"
+    match = re.search(r"instance_group\s*\[\s*\{[^}]*count:\s*(\d+)", path.read_text())
+    if not match:
+        raise ValueError(f"{path}: no instance_group count")
+    return int(match.group(1))
+
+
+def node_servers(plan: dict, tritonserver_args: list[str], bind_address: str = "127.0.0.1",
+                 base_ports: dict[str, int] = BASE_PORTS, port_step: int = PORT_STEP) -> list[NodeServer]:
+    """The server commands of a placement plan (``PlacementPlan.to_dict()``).
+
+    Each runs ``python -m triton_embed.serving.supervisor -- <tritonserver_args> <ports>``
+    behind the plan's ``numactl_prefix`` (none on a single-node host).
+    """
+    servers = []
+    for k, planned in enumerate(plan.get("servers") or [{}]):
+        ports = {name: port + port_step * k for name, port in base_ports.items()}
+        argv = [*(planned.get("numactl_prefix") or []), sys.executable, "-m",
+                "triton_embed.serving.supervisor", "--", *tritonserver_args]
+        for name in ("http", "grpc", "metrics"):
+            argv += [f"--{name}-address", bind_address, f"--{name}-port", str(ports[name])]
+        servers.append(NodeServer(planned.get("numa_node"), argv, dict(planned.get("env") or {}), ports))
+    return servers
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Plan, start the servers, forward SIGINT/SIGTERM to them, exit with the worst code."""
+    from triton_embed import doctor
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bind-address", default=os.environ.get("BIND_ADDRESS", "127.0.0.1"))
+    parser.add_argument("--dry-run", action="store_true", help="print the commands, start nothing")
+    parser.add_argument("tritonserver_args", nargs=argparse.REMAINDER,
+                        help="after --: arguments for every server (--model-repository is required)")
+    args = parser.parse_args(argv)
+    rest = [a for a in args.tritonserver_args if a != "--"]
+    repository = Path(option_value(rest, "--model-repository", "model_repository"))
+    config_name = option_value(rest, "--model-config-name", "") or None
+    count = embedder_count(repository, config_name)
+    host = doctor.gather_host()
+    plan = doctor.plan_placement(host, instances_per_gpu=count, cpu_instances=count).to_dict()
+    base = {name: int(option_value(rest, f"--{name}-port", str(port))) for name, port in BASE_PORTS.items()}
+    servers = node_servers(plan, rest, args.bind_address, base)
+    for s in servers:
+        node = "any node" if s.numa_node is None else f"NUMA node {s.numa_node}"
+        env = " ".join(f"{k}={v}" for k, v in s.env.items())
+        print(f"per_node: {node}: grpc {args.bind_address}:{s.ports['grpc']}, http :{s.ports['http']}, "
+              f"metrics :{s.ports['metrics']}: {env} {' '.join(s.argv)}".replace("  ", " "), flush=True)
+    if args.dry_run:
+        return 0
+    procs = [subprocess.Popen(s.argv, env={**os.environ, **s.env}) for s in servers]
+
+    def forward(signum, _frame):
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    codes = [p.wait() for p in procs]
+    return max(codes, key=abs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

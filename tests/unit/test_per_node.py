@@ -1,0 +1,56 @@
+"""One server per NUMA node: the commands built from a doctor plan (real 2-node fixtures) and
+the dry run on this machine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from triton_embed import doctor, topology
+from triton_embed.launcher import REPO_ROOT
+from triton_embed.serving import per_node
+
+FIXTURES = REPO_ROOT.parent / "shared" / "fixtures" / "topology"
+
+
+def test_embedder_count_of_each_shipped_config():
+    repo = REPO_ROOT / "model_repository"
+    assert per_node.embedder_count(repo, None) == 2
+    assert per_node.embedder_count(repo, "gpu") == 4
+
+
+def test_two_node_gpu_host_gets_one_bound_server_per_node():
+    if not FIXTURES.is_dir():
+        pytest.skip(f"{FIXTURES} not present (shared fixtures live beside the repository)")
+    host = doctor.build_host(
+        topo=topology.parse_topo_matrix((FIXTURES / "topo_m_06.txt").read_text()),
+        numa=topology.parse_numactl((FIXTURES / "numactl_01.txt").read_text()),
+    )
+    plan = doctor.plan_placement(host, instances_per_gpu=2).to_dict()
+    servers = per_node.node_servers(plan, ["--model-repository", "r", "--model-config-name", "gpu"])
+    assert [s.numa_node for s in servers] == [0, 1]
+    assert [s.argv[:3] for s in servers] == [
+        ["numactl", "--cpunodebind=0", "--membind=0"], ["numactl", "--cpunodebind=1", "--membind=1"]]
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in servers] == ["0,1", "2,3"]
+    assert [s.ports for s in servers] == [
+        {"http": 8000, "grpc": 8001, "metrics": 8002}, {"http": 8010, "grpc": 8011, "metrics": 8012}]
+    one = servers[1].argv
+    assert one[one.index("--grpc-port") + 1] == "8011" and one[one.index("--grpc-address") + 1] == "127.0.0.1"
+    assert "--model-config-name" in one and one[one.index("--") + 1] == "--model-repository"
+
+
+def test_single_node_host_runs_one_unbound_server(capsys):
+    assert per_node.main(["--dry-run", "--", "--model-repository", str(REPO_ROOT / "model_repository"),
+                          "--grpc-port", "9101", "--http-port", "9100", "--metrics-port", "9102"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    if len(doctor.gather_host().numa_nodes) == 1:
+        assert len(lines) == 1 and "numactl" not in lines[0]
+        assert "grpc 127.0.0.1:9101" in lines[0] and "--metrics-port 9102" in lines[0]
+
+
+def test_embedder_count_without_instance_group(tmp_path: Path):
+    (tmp_path / "embedder").mkdir()
+    (tmp_path / "embedder" / "config.pbtxt").write_text('name: "embedder"\n')
+    with pytest.raises(ValueError, match="no instance_group count"):
+        per_node.embedder_count(tmp_path, None)

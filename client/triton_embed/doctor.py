@@ -9,6 +9,9 @@ Three steps, each a plain function:
 * :func:`plan_placement` turns a host into a :class:`PlacementPlan`: which instances, cores
   and GPUs go on which NUMA node, tensor-parallel groups that never cross a NUMA node, and
   one server per NUMA node (``numactl --cpunodebind=N --membind=N``, ``CUDA_VISIBLE_DEVICES``).
+  Each instance gets whole physical cores (both SMT threads), disjoint from the other
+  instances' cores: :func:`core_slice` of the node's cores (:meth:`HostTopology.core_groups`,
+  from sysfs live, guessed by :func:`~triton_embed.topology.infer_siblings` from a capture).
 * :func:`render_report` prints both for a person; ``to_dict()`` of each gives the JSON.
 
 GPU numbers are nvidia-smi's (PCI bus order); a server's environment therefore sets
@@ -25,7 +28,7 @@ import os
 import shlex
 import shutil
 import subprocess
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +41,7 @@ from triton_embed.topology import (
     P2P_CMD,
     P2P_LEGEND,
     SMP_LABELS,
+    SYSFS_CPU_ROOT,
     SYSFS_NODE_ROOT,
     TOPO_CMD,
     LscpuInfo,
@@ -45,12 +49,15 @@ from triton_embed.topology import (
     P2PMatrix,
     TopologyParseError,
     TopoMatrix,
+    core_groups,
     format_cpu_list,
+    infer_siblings,
     parse_cpu_list,
     parse_lscpu,
     parse_numactl,
     parse_p2p,
     parse_topo_matrix,
+    read_sysfs_cpu_siblings,
     read_sysfs_nodes,
 )
 
@@ -170,6 +177,11 @@ class HostTopology:
         lscpu: parsed ``lscpu``; None when not available.
         numa: parsed ``numactl --hardware`` or sysfs; None when neither was available.
         warnings: what a person should look at (unknown NUMA node, disagreeing sources).
+        cores: per NUMA node whose SMT siblings are known, its physical cores: each a sorted
+            tuple of sibling CPUs (within the node's CPUs), ordered by the lowest CPU. A node
+            missing here has unknown siblings (see :meth:`core_groups`).
+        smt_source: where ``cores`` came from (sysfs, lscpu and the CPU numbering, ...);
+            ``"unknown"`` when no node's siblings are known.
     """
 
     numa_nodes: dict[int, tuple[int, ...]]
@@ -181,6 +193,25 @@ class HostTopology:
     lscpu: LscpuInfo | None = None
     numa: NumaTopology | None = None
     warnings: tuple[str, ...] = ()
+    cores: dict[int, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
+    smt_source: str = "unknown"
+
+    def core_groups(self, node: int) -> list[tuple[int, ...]]:
+        """The physical cores of a NUMA node, each a sorted tuple of its SMT sibling CPUs.
+
+        Ordered by the lowest CPU. When the node's siblings are unknown every CPU counts as
+        its own core (slices then follow CPU numbers, as before sibling information).
+
+        Raises:
+            KeyError: ``node`` has no CPUs on this host.
+        """
+        if node in self.cores:
+            return list(self.cores[node])
+        return [(c,) for c in self.numa_nodes[node]]
+
+    def siblings_known(self, node: int) -> bool:
+        """Whether the node's SMT siblings are known (from sysfs or a reliable guess)."""
+        return node in self.cores
 
     def link(self, a: int, b: int) -> str | None:
         """The ``topo -m`` link label between GPUs ``a`` and ``b``; None without a matrix."""
@@ -208,6 +239,10 @@ class HostTopology:
             "p2p": self.p2p.to_dict() if self.p2p else None,
             "lscpu": self.lscpu.to_dict() if self.lscpu else None,
             "numa": self.numa.to_dict() if self.numa else None,
+            "smt_source": self.smt_source,
+            "physical_cores": {
+                str(n): [list(core) for core in cores] for n, cores in self.cores.items()
+            },
             "warnings": list(self.warnings),
         }
 
@@ -219,6 +254,7 @@ def build_host(
     numa: NumaTopology | None = None,
     sources: dict[str, str] | None = None,
     allowed_cpus: Iterable[int] | None = None,
+    siblings: Mapping[int, Iterable[int]] | None = None,
 ) -> HostTopology:
     """Combine parsed sources into one :class:`HostTopology`.
 
@@ -226,6 +262,11 @@ def build_host(
     else the union of the GPUs' CPU affinity per ``NUMA Affinity``, else one node holding
     lscpu's online CPUs or ``allowed_cpus``. A GPU's node is its ``NUMA Affinity``; without
     that column, the one node its CPU affinity overlaps.
+
+    Physical cores per node (:attr:`HostTopology.cores`) come from ``siblings`` for a node
+    whose every CPU it lists, else from :func:`~triton_embed.topology.infer_siblings` with
+    lscpu's ``Thread(s) per core`` (None without lscpu); a node neither settles has unknown
+    siblings.
 
     Args:
         topo: parsed ``nvidia-smi topo -m``.
@@ -235,12 +276,15 @@ def build_host(
         sources: per command, ``"ok"`` / ``"not available: <why>"`` (for the report).
         allowed_cpus: the CPUs this process may use (``os.sched_getaffinity(0)``); node CPU
             lists are cut down to them, with a warning, so a plan never pins outside a cpuset.
+        siblings: per CPU, the CPUs of its physical core, from this host's sysfs
+            (:func:`~triton_embed.topology.read_sysfs_cpu_siblings`); None for a capture.
 
     Raises:
         TopologyParseError: no source says anything about the CPUs.
     """
     warnings: list[str] = []
     nodes, numa_source = _numa_nodes(topo, lscpu, numa, allowed_cpus, warnings)
+    cores, smt_source = _physical_cores(nodes, lscpu, siblings)
     if lscpu is not None and numa is not None and lscpu.numa_nodes:
         from_lscpu = {n: lscpu.node_cpus(n) for n in lscpu.numa_nodes}
         from_numa = {n: tuple(sorted(v.cpus)) for n, v in numa.nodes.items() if v.cpus}
@@ -257,6 +301,11 @@ def build_host(
                 "affinity mask); the plan uses those"
             )
             nodes = {n: c for n, c in cut.items() if c}
+            cores = {
+                n: tuple(g for core in groups if (g := tuple(c for c in core if c in allowed)))
+                for n, groups in cores.items()
+                if n in nodes
+            }
     gpus = _host_gpus(topo, nodes, warnings) if topo is not None else ()
     if p2p is not None and topo is not None and p2p.gpus != topo.gpus:
         warnings.append(
@@ -273,7 +322,45 @@ def build_host(
         lscpu=lscpu,
         numa=numa,
         warnings=tuple(warnings),
+        cores=cores,
+        smt_source=smt_source,
     )
+
+
+#: :attr:`HostTopology.smt_source` of sibling lists read from this host's sysfs.
+SYSFS_SIBLINGS = "sysfs (cpu<N>/topology/thread_siblings_list)"
+
+
+def _physical_cores(
+    nodes: dict[int, tuple[int, ...]],
+    lscpu: LscpuInfo | None,
+    siblings: Mapping[int, Iterable[int]] | None,
+) -> tuple[dict[int, tuple[tuple[int, ...], ...]], str]:
+    """Physical cores of the nodes whose SMT siblings are known, and where they came from."""
+    threads = lscpu.threads_per_core if lscpu is not None else None
+    host_cpus = len({c for cpus in nodes.values() for c in cpus})
+    cores: dict[int, tuple[tuple[int, ...], ...]] = {}
+    used: list[str] = []
+    for node, cpus in nodes.items():
+        if siblings and all(c in siblings for c in cpus):
+            known, source = siblings, SYSFS_SIBLINGS
+        else:
+            known = infer_siblings(cpus, threads, host_cpus)
+            if known is None:
+                continue
+            if threads == 1:
+                source = f"{LSCPU_CMD} (1 thread per core)"
+            elif threads is not None:
+                source = f"{LSCPU_CMD} ({threads} threads per core) and the CPU numbering"
+            else:
+                source = (
+                    f"the CPU numbering (no {LSCPU_CMD}: each node is two equal CPU runs "
+                    f"{host_cpus // 2} apart, Linux's numbering of 2 SMT threads per core)"
+                )
+        cores[node] = core_groups(cpus, known)
+        if source not in used:
+            used.append(source)
+    return cores, "; ".join(used) or "unknown"
 
 
 def _numa_nodes(
@@ -361,14 +448,16 @@ def gather_host(
     timeout_s: float = COMMAND_TIMEOUT_S,
     sysfs_root: Path = SYSFS_NODE_ROOT,
     process_cpus: Callable[[], Iterable[int]] = lambda: os.sched_getaffinity(0),
+    cpu_sysfs_root: Path = SYSFS_CPU_ROOT,
 ) -> HostTopology:
     """Read this host's topology, or one captured in a folder.
 
     Live (``from_dir`` None): runs the :data:`COMMANDS` with ``timeout_s`` each; a missing
     command, a timeout or a non-zero exit is recorded as ``"not available: <why>"``; without
-    numactl the NUMA nodes come from ``sysfs_root``; node CPU lists are cut to this
-    process's CPU affinity. From a folder: reads the :data:`CAPTURE_FILES` that exist (no
-    sysfs, no affinity: the folder describes another host).
+    numactl the NUMA nodes come from ``sysfs_root``; SMT siblings come from
+    ``cpu_sysfs_root``; node CPU lists are cut to this process's CPU affinity. From a
+    folder: reads the :data:`CAPTURE_FILES` that exist (no sysfs, no affinity: the folder
+    describes another host; SMT siblings are guessed from lscpu and the CPU numbering).
 
     Args:
         from_dir: folder of captured outputs; None to run the commands here.
@@ -376,6 +465,7 @@ def gather_host(
         timeout_s: limit per command, seconds.
         sysfs_root: the sysfs NUMA folder used when numactl is not available.
         process_cpus: the CPUs this process may use (live only; tests pass a fake).
+        cpu_sysfs_root: the sysfs ``cpu`` folder read for SMT siblings (live only).
 
     Raises:
         TopologyParseError: an output is present but cannot be parsed (the message names
@@ -422,7 +512,9 @@ def gather_host(
     lscpu = parsed("lscpu", parse_lscpu)
     numa = parsed("numactl", parse_numactl)
     allowed = None
+    siblings = None
     if from_dir is None:
+        siblings = read_sysfs_cpu_siblings(cpu_sysfs_root)
         if numa is None:
             try:
                 numa = read_sysfs_nodes(sysfs_root)
@@ -430,7 +522,7 @@ def gather_host(
             except TopologyParseError as exc:
                 sources["sysfs"] = f"not available: {exc}"
         allowed = sorted(process_cpus())
-    return build_host(topo, p2p, lscpu, numa, sources, allowed_cpus=allowed)
+    return build_host(topo, p2p, lscpu, numa, sources, allowed_cpus=allowed, siblings=siblings)
 
 
 def _label(key: str) -> str:
@@ -456,9 +548,9 @@ class PlannedInstance:
         index: instance number, 0-based, in GPU order (``instances_per_gpu`` per GPU or
             tensor-parallel group) or NUMA-node order on a CPU-only host.
         numa_node: the node it is bound to; None when its GPU's node is unknown.
-        cpus: its CPUs (a :func:`~triton_embed.serving.engine.cpu_slice` of the node's CPUs,
-            disjoint from the other instances on the node unless there are more instances
-            than CPUs); empty when not pinned.
+        cpus: its CPUs, sorted: a :func:`core_slice` of the node's physical cores (whole
+            cores, disjoint from the other instances on the node unless there are more
+            instances than cores); empty when not pinned.
         gpu: nvidia-smi GPU number (the tensor-parallel group's first GPU, rank 0); None on
             a CPU-only host.
         gpus: all its GPUs (``[gpu]`` without tensor parallelism; empty on a CPU-only host).
@@ -667,6 +759,51 @@ def form_tp_groups(
     return groups, sorted(ungrouped, key=lambda u: u.gpu)
 
 
+def _chunk(items: Sequence[Any], index: int, count: int) -> Sequence[Any]:
+    """:func:`~triton_embed.serving.engine.cpu_slice`'s rule on any sequence, kept in order."""
+    index %= count
+    if count >= len(items):
+        return [items[index % len(items)]]
+    base, extra = divmod(len(items), count)
+    start = index * base + min(index, extra)
+    return items[start : start + base + (1 if index < extra else 0)]
+
+
+def core_slice(cores: Sequence[Sequence[int]], index: int, count: int) -> tuple[int, ...]:
+    """The CPUs of instance ``index`` of ``count`` sharing a NUMA node: whole physical cores.
+
+    The rule of :func:`~triton_embed.serving.engine.cpu_slice` applied to cores instead of
+    CPU numbers: the cores are split into ``count`` contiguous, disjoint slices (the first
+    slices get the remainder) and each slice is flattened to its CPUs, so an instance holds
+    both SMT threads of its cores and no other instance holds either. With more instances
+    than cores, the CPUs in core order (a core's threads one after the other) are split the
+    same way: CPUs stay disjoint, the first instances keep whole cores, the rest get single
+    threads. With more instances than CPUs, ``cpu_slice``'s rule: instance ``i`` gets CPU
+    ``i mod the CPU count``. With one CPU per core this is exactly ``cpu_slice``.
+
+    Args:
+        cores: the node's cores, ordered by their lowest CPU (:meth:`HostTopology.core_groups`).
+        index: the instance's number among the node's instances (taken modulo ``count``).
+        count: instances on the node.
+
+    Returns:
+        The instance's CPUs, sorted.
+
+    Raises:
+        ValueError: no cores or CPUs, or ``count`` < 1.
+    """
+    cpus = [c for core in cores for c in core]
+    if not cpus or count < 1:
+        raise ValueError(f"cannot split {len(cpus)} CPUs among {count} instances")
+    if count <= len(cores):
+        mine = [c for core in _chunk(cores, index, count) for c in core]
+    elif count <= len(cpus):
+        mine = list(_chunk(cpus, index, count))
+    else:
+        mine = cpu_slice(cpus, index, count)
+    return tuple(sorted(mine))
+
+
 def plan_placement(
     host: HostTopology,
     instances_per_gpu: int = 4,
@@ -676,8 +813,10 @@ def plan_placement(
     """Plan instances, cores, GPUs and servers for a host.
 
     GPU host: each GPU's instances (each tensor-parallel group's, when ``tp_size`` > 1) go
-    on that GPU's NUMA node; the node's CPUs are split among all instances on the node with
-    :func:`~triton_embed.serving.engine.cpu_slice`, so slices are disjoint. CPU-only host:
+    on that GPU's NUMA node; the node's physical cores are split among all instances on the
+    node with :func:`core_slice`, so slices are whole cores (SMT siblings kept together) and
+    disjoint. A node whose SMT siblings are unknown counts each CPU as a core (a warning
+    says so). CPU-only host:
     ``cpu_instances`` spread evenly over the nodes (the first nodes take the remainder),
     each with a disjoint slice of its node. One server per NUMA node on a multi-node host,
     else one.
@@ -719,7 +858,7 @@ def plan_placement(
             for _ in range(instances_per_gpu):
                 i = slot[node] = slot.get(node, -1) + 1
                 cpus = (
-                    tuple(cpu_slice(host.numa_nodes[node], i, per_node[node]))
+                    core_slice(host.core_groups(node), i, per_node[node])
                     if node is not None
                     else ()
                 )
@@ -735,7 +874,7 @@ def plan_placement(
         instances = []
         for node in nodes:
             for i in range(per_node[node]):
-                cpus = tuple(cpu_slice(host.numa_nodes[node], i, per_node[node]))
+                cpus = core_slice(host.core_groups(node), i, per_node[node])
                 instances.append(PlannedInstance(len(instances), node, cpus, None))
         kind = "cpu"
     _warn_cpus(host, per_node, warnings)
@@ -807,16 +946,29 @@ def _warn_cpus(host: HostTopology, per_node: dict[int | None, int], warnings: li
         if node is None:
             continue
         cpus = host.numa_nodes[node]
+        cores = host.core_groups(node)
         if count > len(cpus):
             warnings.append(
                 f"NUMA node {node}: {count} instances but {len(cpus)} CPUs; instances share CPUs "
                 "(cpu_slice gives instance i the CPU i mod the CPU count)"
             )
-        elif smt and smt > 1 and count > 1 and len(format_cpu_list(cpus).split(",")) > 1:
+        elif count > len(cores):
             warnings.append(
-                f"NUMA node {node} ({format_cpu_list(cpus)}, {smt} threads per core): CPU slices "
-                "follow CPU numbers, so one instance's slice may hold the SMT siblings of "
-                "another's cores"
+                f"NUMA node {node}: {count} instances but {len(cores)} physical cores "
+                f"({len(cpus)} CPUs); CPUs stay disjoint, but some instances get single SMT "
+                "threads of a core another instance also runs on"
+            )
+        elif count > 1 and not host.siblings_known(node):
+            why = (
+                f"{LSCPU_CMD} says {smt} threads per core, but the CPU numbers do not show "
+                "which CPUs share a core"
+                if smt is not None
+                else f"no sysfs thread_siblings_list and no {LSCPU_CMD} 'Thread(s) per core'"
+            )
+            warnings.append(
+                f"NUMA node {node} ({format_cpu_list(cpus)}): SMT siblings unknown ({why}); "
+                "CPU slices follow CPU numbers, so one instance's slice may hold the SMT "
+                "siblings of another's cores"
             )
 
 
@@ -938,6 +1090,7 @@ def render_report(host: HostTopology, plan: PlacementPlan) -> str:
         out += ["", f"Peer-to-peer (nvidia-smi topo{mode}): {text}"]
 
     out += ["", _plan_title(plan)]
+    out += _cores_lines(host, plan)
     for s in plan.servers:
         node = "unknown node" if s.numa_node is None else f"NUMA node {s.numa_node}"
         prefix = shlex.join(s.numactl_prefix) if s.numactl_prefix else "no numactl binding"
@@ -976,6 +1129,29 @@ def render_report(host: HostTopology, plan: PlacementPlan) -> str:
     out += ["", "Warnings:" if warnings else "Warnings: none"]
     out += [f"  - {w}" for w in warnings]
     return "\n".join(out) + "\n"
+
+
+def _cores_lines(host: HostTopology, plan: PlacementPlan) -> list[str]:
+    """How the plan's CPU slices relate to physical cores (nothing when nothing is pinned)."""
+    nodes = sorted({i.numa_node for i in plan.instances if i.numa_node is not None and i.cpus})
+    if not nodes:
+        return []
+    known = [n for n in nodes if host.siblings_known(n)]
+    unknown = [n for n in nodes if not host.siblings_known(n)]
+    out = []
+    if known:
+        smt = any(len(core) > 1 for n in known for core in host.core_groups(n))
+        what = "SMT siblings kept together" if smt else "one thread per core"
+        where = "" if not unknown else f" on NUMA node(s) {', '.join(map(str, known))}"
+        out.append(
+            f"  CPU slices are whole physical cores ({what}){where}; cores from {host.smt_source}"
+        )
+    if unknown:
+        out.append(
+            f"  CPU slices follow CPU numbers on NUMA node(s) {', '.join(map(str, unknown))}: "
+            "SMT siblings unknown"
+        )
+    return out
 
 
 def _plan_title(plan: PlacementPlan) -> str:

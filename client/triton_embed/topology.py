@@ -9,6 +9,10 @@ One parser per command, each taking the text the command printed:
 * :func:`parse_numactl` -- ``numactl --hardware``,
 * :func:`read_sysfs_nodes` -- ``/sys/devices/system/node`` (the kernel's view; the fallback
   when numactl is not installed),
+* :func:`read_sysfs_cpu_siblings` -- ``/sys/devices/system/cpu/cpu<N>/topology`` (which CPUs
+  are SMT siblings on one physical core), and :func:`infer_siblings`, the documented guess
+  of the same from captured outputs, which carry no sibling information;
+  :func:`core_groups` turns either into physical cores,
 * :func:`parse_cpu_list` -- the kernel's CPU list format (``0-3,8,10-11``).
 
 :mod:`triton_embed.doctor` runs the commands and combines the results. Every parser raises
@@ -36,12 +40,13 @@ Link labels of ``nvidia-smi topo -m`` (the legend nvidia-smi prints under the ma
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 SYSFS_NODE_ROOT = Path("/sys/devices/system/node")
+SYSFS_CPU_ROOT = Path("/sys/devices/system/cpu")
 
 #: Link labels of ``nvidia-smi topo -m`` and what they mean (nvidia-smi's own legend).
 LINK_LEGEND = {
@@ -1054,3 +1059,140 @@ def _read_optional(path: Path) -> str:
         return path.read_text()
     except OSError:
         return ""
+
+
+# --- SMT siblings (physical cores) -------------------------------------------------------
+
+
+def read_sysfs_cpu_siblings(root: Path = SYSFS_CPU_ROOT) -> dict[int, tuple[int, ...]]:
+    """Per CPU, the CPUs of its physical core, as the kernel exposes them in sysfs.
+
+    Reads ``cpu<N>/topology/thread_siblings_list`` (``core_cpus_list``, its newer name, when
+    the old file is absent) under ``/sys/devices/system/cpu``: the logical CPUs that are SMT
+    threads of the same core (``"0,48"``; ``"3"`` without SMT).
+
+    Args:
+        root: the ``cpu`` folder (a copy of it in tests).
+
+    Returns:
+        ``{cpu: sorted siblings, the CPU itself included}`` for every ``cpu<N>`` folder; a CPU
+        whose file is missing, unreadable or garbled (an offline CPU has no ``topology``) is
+        its own core. Empty when ``root`` is not a readable folder. Never raises.
+    """
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return {}
+    siblings: dict[int, tuple[int, ...]] = {}
+    for entry in entries:
+        match = re.fullmatch(r"cpu(\d+)", entry.name)
+        if not match:
+            continue
+        cpu = int(match.group(1))
+        topology = entry / "topology"
+        text = _read_optional(topology / "thread_siblings_list") or _read_optional(
+            topology / "core_cpus_list"
+        )
+        try:
+            found = set(parse_cpu_list(text, f"sysfs: {topology}"))
+        except TopologyParseError:
+            found = set()
+        siblings[cpu] = tuple(sorted(found | {cpu}))
+    return dict(sorted(siblings.items()))
+
+
+def core_groups(
+    cpus: Iterable[int], siblings: Mapping[int, Iterable[int]]
+) -> tuple[tuple[int, ...], ...]:
+    """Split CPUs into physical cores: each core a sorted tuple of its SMT sibling CPUs.
+
+    Args:
+        cpus: the CPUs to group (a NUMA node's); siblings outside them are left out, so a
+            cpuset that holds one thread of a core gives a one-CPU core.
+        siblings: per CPU, the CPUs of its core (:func:`read_sysfs_cpu_siblings` or
+            :func:`infer_siblings`); a CPU absent from it is its own core.
+
+    Returns:
+        The cores, ordered by their lowest CPU; every CPU of ``cpus`` is in exactly one core
+        (an inconsistent ``siblings`` map cannot make cores overlap).
+    """
+    wanted = sorted(set(cpus))
+    inside = set(wanted)
+    taken: set[int] = set()
+    groups: list[tuple[int, ...]] = []
+    for cpu in wanted:
+        if cpu in taken:
+            continue
+        group = tuple(sorted(((set(siblings.get(cpu, ())) | {cpu}) & inside) - taken))
+        taken.update(group)
+        groups.append(group)
+    return tuple(groups)
+
+
+def infer_siblings(
+    cpus: Iterable[int], threads_per_core: int | None, host_cpu_count: int | None = None
+) -> dict[int, tuple[int, ...]] | None:
+    """Guess which of a NUMA node's CPUs are SMT siblings from the CPU numbers alone.
+
+    For captured outputs (``lscpu``, ``numactl --hardware``, ``nvidia-smi topo -m``), which
+    never say which CPUs share a core. ``t`` is ``threads_per_core`` (lscpu's
+    ``Thread(s) per core``); the rules, first match wins:
+
+    * ``t == 1``: no SMT, every CPU is its own core.
+    * ``t > 1``, *adjacent*: the node's CPUs are more than ``t`` runs of consecutive
+      numbers, each exactly ``t`` long and starting at a multiple of ``t``
+      (``0-1,4-5,8-9``): each run is one core. Only such a list shows adjacent numbering.
+    * ``t > 1``, *split*: the sorted list is not one run and cuts into ``t`` equal blocks,
+      each the first block shifted by a constant (``0-23,48-71``; ``0,2,...,46,48,...,94``):
+      the k-th CPU of every block is one core. This is how Linux numbers x86 SMT threads:
+      the first thread of every core, then the second (CPU ``c`` and ``c + N/t``).
+    * ``t`` unknown (no lscpu): only the split shape with two threads per core, and only when
+      it is unmistakable: the node is exactly two equal runs whose starts are
+      ``host_cpu_count / 2`` apart (numactl_02: ``0-31,64-95`` of 128 CPUs).
+    * anything else, including one contiguous run (``0-47`` fits both numberings): unknown.
+
+    Args:
+        cpus: the node's CPUs (before any cpuset cut: the pattern is the host's).
+        threads_per_core: lscpu's ``Thread(s) per core``; None when not known.
+        host_cpu_count: the number of CPUs of the whole host (all nodes); used only when
+            ``threads_per_core`` is None.
+
+    Returns:
+        ``{cpu: its core's CPUs, sorted}`` for every CPU of ``cpus``, the shape of
+        :func:`read_sysfs_cpu_siblings`; None when the siblings cannot be told.
+    """
+    ordered = sorted(set(cpus))
+    t = threads_per_core
+    if not ordered:
+        return {}
+    if t == 1:
+        return {c: (c,) for c in ordered}
+    runs = cpu_ranges_of(ordered)
+    if len(runs) < 2:
+        return None
+    cores: list[tuple[int, ...]] | None = None
+    if t is None:
+        (a0, b0), *rest = runs
+        if (
+            host_cpu_count
+            and host_cpu_count % 2 == 0
+            and len(runs) == 2
+            and rest[0][1] - rest[0][0] == b0 - a0
+            and rest[0][0] - a0 == host_cpu_count // 2
+        ):
+            cores = [(c, c + host_cpu_count // 2) for c in range(a0, b0 + 1)]
+    elif t > 1:
+        if len(runs) > t and all(a % t == 0 and b - a + 1 == t for a, b in runs):
+            cores = [tuple(range(a, b + 1)) for a, b in runs]
+        elif len(ordered) % t == 0:
+            size = len(ordered) // t
+            blocks = [ordered[j * size : (j + 1) * size] for j in range(t)]
+            shifts = [block[0] - blocks[0][0] for block in blocks]
+            if all(
+                block == [c + shift for c in blocks[0]]
+                for block, shift in zip(blocks, shifts, strict=True)
+            ):
+                cores = [tuple(c + shift for shift in shifts) for c in blocks[0]]
+    if cores is None:
+        return None
+    return {c: core for core in cores for c in core}

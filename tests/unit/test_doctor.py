@@ -18,9 +18,11 @@ from triton_embed.cli import main
 from triton_embed.doctor import (
     CAPTURE_FILES,
     COMMANDS,
+    SYSFS_SIBLINGS,
     CommandOutput,
     HostTopology,
     build_host,
+    core_slice,
     gather_host,
     link_rank,
     plan_placement,
@@ -281,38 +283,17 @@ def test_asus_plan_four_instances_per_gpu():
     ]
 
 
-def test_runpod_plan_smt_node_slices_and_warning():
+def test_runpod_plan_smt_node_slices_whole_cores():
+    # lscpu_04: 2 threads per core, node 0 = 0-23,48-71 (CPU c and c+48 share a core):
+    # 8 instances on 24 cores get 3 whole cores (6 CPUs) each
     plan = plan_placement(runpod_host(), instances_per_gpu=4)
-    node0 = [
-        span(0, 5),
-        span(6, 11),
-        span(12, 17),
-        span(18, 23),
-        span(48, 53),
-        span(54, 59),
-        span(60, 65),
-        span(66, 71),
-    ]
-    node1 = [
-        span(24, 29),
-        span(30, 35),
-        span(36, 41),
-        span(42, 47),
-        span(72, 77),
-        span(78, 83),
-        span(84, 89),
-        span(90, 95),
-    ]
+    node0 = [span(3 * k, 3 * k + 2) + span(48 + 3 * k, 50 + 3 * k) for k in range(8)]
+    node1 = [span(24 + 3 * k, 26 + 3 * k) + span(72 + 3 * k, 74 + 3 * k) for k in range(8)]
     got = instances(plan)
     assert [i["cpus"] for i in got] == node0 + node1
     assert [i["gpu"] for i in got] == [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4
     assert [i["numa_node"] for i in got] == [0] * 8 + [1] * 8
-    assert plan.warnings == (
-        "NUMA node 0 (0-23,48-71, 2 threads per core): CPU slices follow CPU numbers, so one "
-        "instance's slice may hold the SMT siblings of another's cores",
-        "NUMA node 1 (24-47,72-95, 2 threads per core): CPU slices follow CPU numbers, so one "
-        "instance's slice may hold the SMT siblings of another's cores",
-    )
+    assert plan.warnings == ()
 
 
 def test_h200_tp2_groups_stay_within_nodes():
@@ -329,11 +310,12 @@ def test_h200_tp2_groups_stay_within_nodes():
     assert [i["tp_group"] for i in got] == [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4
     assert [i["gpus"] for i in got[:5]] == [[0, 1]] * 4 + [[2, 3]]
     assert [i["gpu"] for i in got[::4]] == [0, 2, 4, 6]
-    # 8 instances on each node of 128 CPUs: 16 CPUs each, in CPU order
-    assert [i["cpus"] for i in got[:8]] == [span(16 * k, 16 * k + 15) for k in range(4)] + [
-        span(128 + 16 * k, 128 + 16 * k + 15) for k in range(4)
+    # 8 instances on each node of 64 cores (0-63,128-191: CPU c and c+128 share a core,
+    # inferred from the numbering without lscpu): 8 whole cores (16 CPUs) each
+    assert [i["cpus"] for i in got[:8]] == [
+        span(8 * k, 8 * k + 7) + span(128 + 8 * k, 135 + 8 * k) for k in range(8)
     ]
-    assert got[8]["cpus"] == span(64, 79)
+    assert got[8]["cpus"] == span(64, 71) + span(192, 199)
     assert plan.warnings == ()
     assert [(s["numa_node"], s["cuda_visible_devices"]) for s in plan.to_dict()["servers"]] == [
         (0, "0,1,2,3"),
@@ -345,10 +327,7 @@ def test_h200_tp4_one_group_per_node():
     plan = plan_placement(h200_host(), instances_per_gpu=4, tp_size=4)
     assert [(g.numa_node, g.gpus) for g in plan.tp_groups] == [(0, (0, 1, 2, 3)), (1, (4, 5, 6, 7))]
     assert [i["cpus"] for i in instances(plan)[:4]] == [
-        span(0, 31),
-        span(32, 63),
-        span(128, 159),
-        span(160, 191),
+        span(16 * k, 16 * k + 15) + span(128 + 16 * k, 143 + 16 * k) for k in range(4)
     ]
     assert [i["gpus"] for i in instances(plan)] == [[0, 1, 2, 3]] * 4 + [[4, 5, 6, 7]] * 4
     assert plan.ungrouped_gpus == ()
@@ -461,10 +440,10 @@ def test_cpu_plan_spreads_over_eight_nodes():
     plan = plan_placement(host, cpu_instances=10)
     got = instances(plan)
     assert [(i["numa_node"], i["cpus"]) for i in got] == [
-        (0, span(0, 5)),
-        (0, span(48, 53)),
-        (1, span(6, 11)),
-        (1, span(54, 59)),
+        (0, span(0, 2) + span(48, 50)),
+        (0, span(3, 5) + span(51, 53)),
+        (1, span(6, 8) + span(54, 56)),
+        (1, span(9, 11) + span(57, 59)),
         (2, span(12, 17) + span(60, 65)),
         (3, span(18, 23) + span(66, 71)),
         (4, span(24, 29) + span(72, 77)),
@@ -484,7 +463,7 @@ def test_cpu_plan_spreads_over_eight_nodes():
     ]
     assert len(servers) == 8
     assert plan.kind == "cpu" and plan.cpu_instances == 10 and plan.instances_per_gpu is None
-    assert len(plan.warnings) == 2  # SMT siblings on nodes 0 and 1, the nodes with 2 instances
+    assert plan.warnings == ()  # nodes 0 and 1 split by whole cores, siblings kept together
 
 
 def test_cpu_plan_default_one_per_node_and_tp_ignored():
@@ -698,6 +677,253 @@ def test_gather_from_dir_errors(tmp_path):
         gather_host(bad)
 
 
+# --- physical cores (SMT siblings) -----------------------------------------------------
+
+
+def assert_no_shared_core(plan, core_of) -> None:
+    """No two instances hold CPUs of the same physical core (``core_of``: CPU -> core id)."""
+    owner: dict = {}
+    for inst in plan.instances:
+        for cpu in inst.cpus:
+            assert owner.setdefault(core_of(cpu), inst.index) == inst.index, (cpu, inst.index)
+
+
+def test_runpod_cores_from_lscpu_and_cpu_numbering():
+    host = runpod_host()  # lscpu_04: 2 threads per core, node 0 = 0-23,48-71
+    assert host.smt_source == "lscpu (2 threads per core) and the CPU numbering"
+    assert host.core_groups(0) == [(c, c + 48) for c in range(24)]
+    assert host.core_groups(1) == [(c, c + 48) for c in range(24, 48)]
+    assert host.siblings_known(0) and host.siblings_known(1)
+    assert host.to_dict()["physical_cores"]["1"][0] == [24, 72]
+
+
+def test_runpod_two_instances_per_gpu_get_whole_disjoint_cores():
+    plan = plan_placement(runpod_host(), instances_per_gpu=2)
+    # 4 instances per node of 24 cores: 6 whole cores (12 CPUs) each
+    assert [i.cpus for i in plan.instances] == [
+        tuple(span(6 * k, 6 * k + 5) + span(48 + 6 * k, 53 + 6 * k)) for k in range(4)
+    ] + [tuple(span(24 + 6 * k, 29 + 6 * k) + span(72 + 6 * k, 77 + 6 * k)) for k in range(4)]
+    assert [i.gpu for i in plan.instances] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert_no_shared_core(plan, lambda cpu: cpu % 48)  # CPU c and c+48 share a core
+    assert plan.warnings == ()
+
+
+def test_runpod_tp2_instances_get_whole_disjoint_cores():
+    plan = plan_placement(runpod_host(), instances_per_gpu=2, tp_size=2)
+    assert [(g.numa_node, g.gpus) for g in plan.tp_groups] == [(0, (0, 1)), (1, (2, 3))]
+    assert [(i.tp_group, i.gpus, i.cpus) for i in plan.instances] == [
+        (0, (0, 1), tuple(span(0, 11) + span(48, 59))),
+        (0, (0, 1), tuple(span(12, 23) + span(60, 71))),
+        (1, (2, 3), tuple(span(24, 35) + span(72, 83))),
+        (1, (2, 3), tuple(span(36, 47) + span(84, 95))),
+    ]
+    assert_no_shared_core(plan, lambda cpu: cpu % 48)
+    assert plan.warnings == ()
+
+
+@pytest.mark.parametrize("per_gpu", [1, 3, 4, 7, 12])
+def test_runpod_no_two_instances_share_a_core(per_gpu):
+    plan = plan_placement(runpod_host(), instances_per_gpu=per_gpu)
+    assert_no_shared_core(plan, lambda cpu: cpu % 48)
+    for inst in plan.instances:  # whole cores: both threads or neither
+        assert set(inst.cpus) == {c % 48 for c in inst.cpus} | {c % 48 + 48 for c in inst.cpus}
+
+
+def test_numactl_02_interleaved_smt_lists_cpu_plan():
+    # numactl_02 alone (no lscpu): node 0 = 0-31,64-95 of 128 CPUs, siblings c and c+64
+    host = build_host(numa=parse_numactl(fixture_text("numactl_02.txt")))
+    assert host.smt_source.startswith("the CPU numbering (no lscpu: each node is two equal")
+    assert host.core_groups(1)[:2] == [(32, 96), (33, 97)]
+    plan = plan_placement(host, cpu_instances=4)
+    assert [(i.numa_node, i.cpus) for i in plan.instances] == [
+        (0, tuple(span(0, 15) + span(64, 79))),
+        (0, tuple(span(16, 31) + span(80, 95))),
+        (1, tuple(span(32, 47) + span(96, 111))),
+        (1, tuple(span(48, 63) + span(112, 127))),
+    ]
+    assert_no_shared_core(plan, lambda cpu: cpu % 64)
+    assert plan.warnings == ()
+
+
+def test_gather_from_dir_runpod_cores_and_report(tmp_path, capsys):
+    folder = write_capture(tmp_path / "runpod", topo_m="topo_m_05.txt", lscpu="lscpu_04.txt")
+    host = gather_host(folder)
+    assert host.cores == runpod_host().cores
+    assert main(["doctor", "--from-dir", str(folder), "--instances-per-gpu", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert (
+        "  CPU slices are whole physical cores (SMT siblings kept together); "
+        "cores from lscpu (2 threads per core) and the CPU numbering"
+    ) in lines
+    assert "    instance 1: GPU 0, CPUs 6-11,54-59" in lines
+    assert "Warnings: none" in lines
+
+
+def make_cpu_sysfs(root: Path, siblings: dict[int, tuple[int, ...]]) -> Path:
+    for cpu, sib in siblings.items():
+        (root / f"cpu{cpu}" / "topology").mkdir(parents=True)
+        (root / f"cpu{cpu}" / "topology" / "thread_siblings_list").write_text(
+            ",".join(map(str, sib)) + "\n"
+        )
+    return root
+
+
+def runpod_live(tmp_path: Path, siblings: dict[int, tuple[int, ...]]) -> HostTopology:
+    run = fake_runner(
+        {
+            COMMANDS["topo_m"]: CommandOutput(fixture_text("topo_m_05.txt"), "ok"),
+            COMMANDS["lscpu"]: CommandOutput(fixture_text("lscpu_04.txt"), "ok"),
+            COMMANDS["numactl"]: CommandOutput(None, "not available: numactl not found on PATH"),
+        },
+        [],
+    )
+    return gather_host(
+        run=run,
+        sysfs_root=make_sysfs(tmp_path / "node", {0: "0-23,48-71", 1: "24-47,72-95"}),
+        process_cpus=lambda: range(96),
+        cpu_sysfs_root=make_cpu_sysfs(tmp_path / "cpu", siblings),
+    )
+
+
+def test_gather_live_reads_siblings_from_sysfs(tmp_path):
+    host = runpod_live(tmp_path, {c: (c % 48, c % 48 + 48) for c in range(96)})
+    assert host.smt_source == SYSFS_SIBLINGS
+    assert host.cores == runpod_host().cores
+    assert instances(plan_placement(host, instances_per_gpu=2)) == instances(
+        plan_placement(runpod_host(), instances_per_gpu=2)
+    )
+
+
+def test_sysfs_siblings_override_the_numbering_guess(tmp_path):
+    # a kernel that numbers threads of a core adjacently: sysfs says so, lscpu cannot
+    host = runpod_live(tmp_path, {c: (c - c % 2, c - c % 2 + 1) for c in range(96)})
+    assert host.smt_source == SYSFS_SIBLINGS
+    assert host.core_groups(0)[:2] == [(0, 1), (2, 3)]
+    plan = plan_placement(host, instances_per_gpu=2)
+    assert [i.cpus for i in plan.instances[:4]] == [
+        tuple(span(0, 11)),
+        tuple(span(12, 23)),
+        tuple(span(48, 59)),
+        tuple(span(60, 71)),
+    ]
+    assert_no_shared_core(plan, lambda cpu: cpu // 2)
+
+
+def test_build_host_siblings_argument_and_cpuset_cut():
+    # a cpuset holding both threads of cores 0 and 1 but one thread of core 2
+    host = build_host(
+        lscpu=parse_lscpu(fixture_text("lscpu_04.txt")), allowed_cpus=[0, 1, 2, 48, 49]
+    )
+    assert host.numa_nodes == {0: (0, 1, 2, 48, 49)}
+    assert host.core_groups(0) == [(0, 48), (1, 49), (2,)]
+    plan = plan_placement(host, cpu_instances=2)
+    assert [i.cpus for i in plan.instances] == [(0, 1, 48, 49), (2,)]
+    # explicit siblings (sysfs of this host) win over the numbering guess
+    numa = parse_numactl(numactl_text({0: range(8)}))
+    pairs = {c: (c - c % 2, c - c % 2 + 1) for c in range(8)}
+    host2 = build_host(numa=numa, siblings=pairs)
+    assert host2.smt_source == SYSFS_SIBLINGS
+    assert [i.cpus for i in plan_placement(host2, cpu_instances=3).instances] == [
+        (0, 1, 2, 3),
+        (4, 5),
+        (6, 7),
+    ]
+
+
+def test_more_instances_than_cores_keeps_cpus_disjoint():
+    host = build_host(lscpu=parse_lscpu(fixture_text("lscpu_04.txt")), allowed_cpus=[0, 1, 48, 49])
+    plan = plan_placement(host, cpu_instances=3)
+    assert [i.cpus for i in plan.instances] == [(0, 48), (1,), (49,)]
+    assert plan.warnings == (
+        "NUMA node 0: 3 instances but 2 physical cores (4 CPUs); CPUs stay disjoint, but some "
+        "instances get single SMT threads of a core another instance also runs on",
+    )
+    plan5 = plan_placement(host, cpu_instances=5)
+    assert [i.cpus for i in plan5.instances] == [(0,), (1,), (48,), (49,), (0,)]
+    assert plan5.warnings[0].startswith("NUMA node 0: 5 instances but 4 CPUs; instances share")
+
+
+def test_unknown_siblings_are_reported():
+    # lscpu says 2 threads per core, but each node is one run: either numbering fits
+    host = build_host(
+        lscpu=parse_lscpu(fixture_text("lscpu_04.txt")),
+        numa=parse_numactl(numactl_text({0: range(48), 1: range(48, 96)})),
+    )
+    assert host.cores == {} and host.smt_source == "unknown"
+    plan = plan_placement(host, cpu_instances=4)
+    assert [i.cpus for i in plan.instances] == [
+        tuple(cpu_slice(range(48), 0, 2)),
+        tuple(cpu_slice(range(48), 1, 2)),
+        tuple(cpu_slice(range(48, 96), 0, 2)),
+        tuple(cpu_slice(range(48, 96), 1, 2)),
+    ]
+    assert plan.warnings[0] == (
+        "NUMA node 0 (0-47): SMT siblings unknown (lscpu says 2 threads per core, but the CPU "
+        "numbers do not show which CPUs share a core); CPU slices follow CPU numbers, so one "
+        "instance's slice may hold the SMT siblings of another's cores"
+    )
+    assert len(plan.warnings) == 2
+    report = render_report(host, plan)
+    assert "  CPU slices follow CPU numbers on NUMA node(s) 0, 1: SMT siblings unknown" in report
+    # numactl alone with contiguous nodes: SMT unknown too
+    numa_only = build_host(numa=parse_numactl(fixture_text("numactl_01.txt")))
+    warnings = plan_placement(numa_only, cpu_instances=4).warnings
+    assert warnings[1] == (
+        "NUMA node 1 (32-63): SMT siblings unknown (no sysfs thread_siblings_list and no lscpu "
+        "'Thread(s) per core'); CPU slices follow CPU numbers, so one instance's slice may hold "
+        "the SMT siblings of another's cores"
+    )
+    # one instance per node: nothing to split, nothing to report
+    assert plan_placement(numa_only).warnings == ()
+
+
+def test_report_without_smt_says_one_thread_per_core():
+    host = asus_host()
+    report = render_report(host, plan_placement(host, instances_per_gpu=2))
+    assert (
+        "  CPU slices are whole physical cores (one thread per core); "
+        "cores from lscpu (1 thread per core)"
+    ) in report.splitlines()
+
+
+@pytest.mark.parametrize("count", range(1, 15))
+def test_core_slice_with_one_cpu_per_core_is_cpu_slice(count):
+    cpus = [2, 3, 5, 8, 9, 10, 11, 20, 21, 30]
+    for i in range(count + 2):
+        assert core_slice([(c,) for c in cpus], i, count) == tuple(cpu_slice(cpus, i, count))
+
+
+def test_core_slice_rules_and_errors():
+    cores = [(0, 4), (1, 5), (2, 6)]
+    assert [core_slice(cores, i, 2) for i in range(2)] == [(0, 1, 4, 5), (2, 6)]
+    assert [core_slice(cores, i, 3) for i in range(3)] == [(0, 4), (1, 5), (2, 6)]
+    assert [core_slice(cores, i, 4) for i in range(4)] == [(0, 4), (1, 5), (2,), (6,)]
+    assert [core_slice(cores, i, 7) for i in range(7)] == [
+        (0,), (1,), (2,), (4,), (5,), (6,), (0,)
+    ]
+    with pytest.raises(ValueError, match="cannot split 0 CPUs among 2 instances"):
+        core_slice([], 0, 2)
+    with pytest.raises(ValueError, match="among 0 instances"):
+        core_slice(cores, 0, 0)
+
+
+def test_this_machines_cores_come_from_sysfs():
+    if not Path("/sys/devices/system/cpu/cpu0/topology").is_dir():
+        pytest.skip("this kernel exposes no /sys/devices/system/cpu/cpu0/topology")
+    host = gather_host(run=no_gpu_runner)
+    assert host.smt_source == SYSFS_SIBLINGS
+    assert all(host.siblings_known(n) for n in host.numa_nodes)
+    for node, cpus in host.numa_nodes.items():
+        assert sorted(c for core in host.core_groups(node) for c in core) == list(cpus)
+    if host.lscpu is not None and host.lscpu.threads_per_core == 1:
+        # this 2-CPU machine: every CPU is its own core, so the plan is cpu_slice's
+        assert all(len(core) == 1 for n in host.numa_nodes for core in host.core_groups(n))
+        report = render_report(host, plan_placement(host, cpu_instances=2))
+        assert "  CPU slices are whole physical cores (one thread per core); cores from sysfs" in (
+            report
+        )
+
+
 # --- report ----------------------------------------------------------------------------
 
 
@@ -732,7 +958,7 @@ def test_report_of_nvswitch_host_summarises_all_pairs():
     report = render_report(host, plan_placement(host, tp_size=4))
     assert "  NVLink (NV#): all 28 pairs (NV18)" in report
     assert "  across the SMP interconnect between NUMA nodes (SYS): none" in report
-    assert "    instance 0: GPUs 0,1,2,3 (tp group 0), CPUs 0-31" in report
+    assert "    instance 0: GPUs 0,1,2,3 (tp group 0), CPUs 0-15,128-143" in report
     assert "  tensor-parallel group 1: GPUs 4, 5, 6, 7 on NUMA node 1, slowest link NV18" in report
 
 

@@ -46,6 +46,17 @@ def test_auto_respects_the_process_cpus(tmp_path):
     assert [(p.numa_nodes, p.cpus) for p in got] == [((1,), (4, 5)), ((1,), (6, 7))]
 
 
+def test_auto_cpu_keeps_sysfs_smt_siblings_together(tmp_path, monkeypatch):
+    # one node of 8 CPUs where CPU c and c+4 are threads of one core (sysfs cpu topology)
+    from triton_embed import topology
+
+    monkeypatch.setattr(topology, "read_sysfs_cpu_siblings",
+                        lambda root=None: {c: (c % 4, c % 4 + 4) for c in range(8)})
+    root = sysfs(tmp_path, {0: "0-7"})
+    got = [resolve("auto", "CPU", i, 2, 0, range(8), range(8), root) for i in range(2)]
+    assert [p.cpus for p in got] == [(0, 1, 4, 5), (2, 3, 6, 7)]
+
+
 def test_auto_on_this_machine_equals_the_spread_slices():
     allowed = sorted(os.sched_getaffinity(0))
     for i in range(2):

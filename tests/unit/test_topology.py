@@ -18,14 +18,17 @@ from pathlib import Path
 import pytest
 from triton_embed.topology import (
     TopologyParseError,
+    core_groups,
     cpu_ranges_of,
     format_cpu_list,
+    infer_siblings,
     parse_cpu_list,
     parse_cpu_ranges,
     parse_lscpu,
     parse_numactl,
     parse_p2p,
     parse_topo_matrix,
+    read_sysfs_cpu_siblings,
     read_sysfs_nodes,
 )
 
@@ -548,6 +551,109 @@ def test_read_sysfs_nodes_missing_or_bad(tmp_path):
     assert no_distance.distance_matrix == ()
 
 
+# --- SMT siblings ------------------------------------------------------------------------
+
+
+def make_cpu_sysfs(
+    root: Path, siblings: dict[int, str | None], name: str = "thread_siblings_list"
+) -> Path:
+    """A fake /sys/devices/system/cpu: ``cpu<N>/topology/<name>`` per CPU (None: no topology)."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "online").write_text("0-7\n")
+    (root / "cpufreq").mkdir()
+    (root / "cpuidle").mkdir()
+    for cpu, text in siblings.items():
+        (root / f"cpu{cpu}").mkdir()
+        if text is not None:
+            (root / f"cpu{cpu}" / "topology").mkdir()
+            (root / f"cpu{cpu}" / "topology" / name).write_text(text + "\n")
+    return root
+
+
+def test_read_sysfs_cpu_siblings_tree(tmp_path):
+    root = make_cpu_sysfs(
+        tmp_path / "cpu",
+        {0: "0,4", 1: "1,5", 4: "0,4", 5: "1,5", 2: "2", 3: None, 6: "6-x", 10: "10-11"},
+    )
+    assert read_sysfs_cpu_siblings(root) == {
+        0: (0, 4),
+        1: (1, 5),
+        2: (2,),
+        3: (3,),  # offline: no topology folder -> its own core
+        4: (0, 4),
+        5: (1, 5),
+        6: (6,),  # garbled list -> its own core
+        10: (10, 11),  # cpu11 absent: kept as the kernel says
+    }
+
+
+def test_read_sysfs_cpu_siblings_newer_file_name_and_missing_root(tmp_path):
+    root = make_cpu_sysfs(tmp_path / "cpu", {0: "0-1", 1: "0-1"}, name="core_cpus_list")
+    assert read_sysfs_cpu_siblings(root) == {0: (0, 1), 1: (0, 1)}
+    assert read_sysfs_cpu_siblings(tmp_path / "absent") == {}
+    (tmp_path / "file").write_text("not a folder")
+    assert read_sysfs_cpu_siblings(tmp_path / "file") == {}
+
+
+def test_core_groups_partition_and_cut():
+    sib = {0: (0, 4), 4: (0, 4), 1: (1, 5), 5: (1, 5), 2: (2, 6), 6: (2, 6)}
+    assert core_groups([0, 1, 2, 4, 5, 6], sib) == ((0, 4), (1, 5), (2, 6))
+    # a cpuset holding one thread of core (2, 6); CPU 9 is unknown to the map
+    assert core_groups([6, 0, 4, 9], sib) == ((0, 4), (6,), (9,))
+    # an inconsistent map still gives disjoint cores
+    bad = {0: (0, 1), 1: (1, 2), 2: (0, 2)}
+    assert core_groups([0, 1, 2], bad) == ((0, 1), (2,))
+    assert core_groups([], sib) == ()
+
+
+def test_infer_siblings_split_runs_of_real_lscpu():
+    # lscpu_04 (2x Xeon Gold 6342, 2 threads per core): node 0 = 0-23,48-71
+    info = parse_lscpu(fixture_text("lscpu_04.txt"))
+    sib = infer_siblings(info.node_cpus(0), info.threads_per_core)
+    assert sib[0] == (0, 48) and sib[48] == (0, 48) and sib[23] == (23, 71)
+    assert core_groups(info.node_cpus(0), sib) == tuple((c, c + 48) for c in range(24))
+    # lscpu_02 (EPYC 7451, 8 NUMA nodes): node 5 = 30-35,78-83
+    info2 = parse_lscpu(fixture_text("lscpu_02.txt"))
+    assert core_groups(info2.node_cpus(5), infer_siblings(info2.node_cpus(5), 2)) == tuple(
+        (c, c + 48) for c in range(30, 36)
+    )
+
+
+def test_infer_siblings_numactl_02_without_lscpu():
+    # numactl_02: 128 CPUs, node 0 = 0-31,64-95 ("interleaved with SMT siblings"): with no
+    # lscpu only the unmistakable shape counts: two equal runs, host CPUs / 2 apart
+    numa = parse_numactl(fixture_text("numactl_02.txt"))
+    total = sum(len(n.cpus) for n in numa.nodes.values())
+    assert total == 128
+    for node, first in ((0, 0), (1, 32)):
+        sib = infer_siblings(numa.nodes[node].cpus, None, total)
+        assert core_groups(numa.nodes[node].cpus, sib) == tuple(
+            (c, c + 64) for c in range(first, first + 32)
+        )
+    assert infer_siblings(numa.nodes[0].cpus, None, None) is None
+    assert infer_siblings(numa.nodes[0].cpus, None, 192) is None  # not 96 apart
+    # with lscpu's count the same list splits the same way
+    assert infer_siblings(numa.nodes[0].cpus, 2) == infer_siblings(numa.nodes[0].cpus, None, 128)
+
+
+def test_infer_siblings_other_shapes():
+    evens = list(range(0, 96, 2))  # a node of every other CPU: siblings c and c+48
+    assert core_groups(evens, infer_siblings(evens, 2))[:2] == ((0, 48), (2, 50))
+    adjacent = [0, 1, 4, 5, 8, 9]  # runs of exactly 2, aligned: each run is a core
+    assert core_groups(adjacent, infer_siblings(adjacent, 2)) == ((0, 1), (4, 5), (8, 9))
+    four = [0, 1, 2, 3, 16, 17, 18, 19, 32, 33, 34, 35, 48, 49, 50, 51]  # SMT4, split
+    assert core_groups(four, infer_siblings(four, 4))[0] == (0, 16, 32, 48)
+    assert infer_siblings(range(8), 1) == {c: (c,) for c in range(8)}
+    assert infer_siblings([], 2) == {}
+    # unknown: one contiguous run fits both numberings; unequal runs; no lscpu, one run
+    assert infer_siblings(range(48), 2) is None
+    assert infer_siblings([0, 1, 2, 10, 11], 2) is None
+    assert infer_siblings([0, 1, 2, 10, 11, 12, 13], 2) is None
+    assert infer_siblings(range(32), None, 64) is None
+    numa01 = parse_numactl(fixture_text("numactl_01.txt"))  # no SMT, no lscpu: cannot tell
+    assert infer_siblings(numa01.nodes[0].cpus, None, 64) is None
+
+
 # --- this machine ------------------------------------------------------------------------
 
 
@@ -599,3 +705,19 @@ def test_this_machines_numactl_agrees_with_sysfs():
     }
     assert numa.distance_matrix == sysfs.distance_matrix
     assert numa.nodes_listed == sysfs.nodes_listed
+
+
+def test_this_machines_cpu_siblings():
+    if not Path("/sys/devices/system/cpu/cpu0/topology").is_dir():
+        pytest.skip("this kernel exposes no /sys/devices/system/cpu/cpu0/topology")
+    sib = read_sysfs_cpu_siblings()
+    online = online_cpus_here()
+    assert set(online) <= set(sib)
+    assert all(cpu in sib[cpu] for cpu in online)
+    cores = core_groups(online, sib)
+    assert sorted(c for core in cores for c in core) == online
+    threads = parse_lscpu(run_here("lscpu")).threads_per_core
+    if threads == 1:  # this 2-CPU machine: every CPU is its own core
+        assert cores == tuple((c,) for c in online)
+    elif threads is not None:
+        assert {len(core) for core in cores} == {threads}

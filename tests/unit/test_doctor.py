@@ -535,14 +535,7 @@ def fake_runner(outputs: dict[tuple[str, ...], CommandOutput], calls: list):
     return run
 
 
-def make_sysfs(root: Path, nodes: dict[int, str]) -> Path:
-    for n, cpulist in nodes.items():
-        (root / f"node{n}").mkdir(parents=True)
-        (root / f"node{n}" / "cpulist").write_text(cpulist + "\n")
-    return root
-
-
-def test_gather_without_nvidia_smi_or_numactl_falls_back_to_sysfs(tmp_path):
+def test_gather_without_nvidia_smi_or_numactl_falls_back_to_sysfs(tmp_path, node_sysfs):
     calls: list = []
     run = fake_runner(
         {
@@ -552,7 +545,7 @@ def test_gather_without_nvidia_smi_or_numactl_falls_back_to_sysfs(tmp_path):
         },
         calls,
     )
-    sysfs = make_sysfs(tmp_path / "node", {0: "0-31", 1: "32-63"})
+    sysfs = node_sysfs(tmp_path / "node", {0: "0-31", 1: "32-63"})
     host = gather_host(run=run, timeout_s=3.0, sysfs_root=sysfs, process_cpus=lambda: range(64))
     assert [c[0] for c in calls] == [COMMANDS["topo_m"], COMMANDS["lscpu"], COMMANDS["numactl"]]
     assert all(c[1] == 3.0 for c in calls)
@@ -768,7 +761,7 @@ def make_cpu_sysfs(root: Path, siblings: dict[int, tuple[int, ...]]) -> Path:
     return root
 
 
-def runpod_live(tmp_path: Path, siblings: dict[int, tuple[int, ...]]) -> HostTopology:
+def runpod_live(tmp_path: Path, siblings: dict[int, tuple[int, ...]], node_sysfs) -> HostTopology:
     run = fake_runner(
         {
             COMMANDS["topo_m"]: CommandOutput(fixture_text("topo_m_05.txt"), "ok"),
@@ -779,14 +772,14 @@ def runpod_live(tmp_path: Path, siblings: dict[int, tuple[int, ...]]) -> HostTop
     )
     return gather_host(
         run=run,
-        sysfs_root=make_sysfs(tmp_path / "node", {0: "0-23,48-71", 1: "24-47,72-95"}),
+        sysfs_root=node_sysfs(tmp_path / "node", {0: "0-23,48-71", 1: "24-47,72-95"}),
         process_cpus=lambda: range(96),
         cpu_sysfs_root=make_cpu_sysfs(tmp_path / "cpu", siblings),
     )
 
 
-def test_gather_live_reads_siblings_from_sysfs(tmp_path):
-    host = runpod_live(tmp_path, {c: (c % 48, c % 48 + 48) for c in range(96)})
+def test_gather_live_reads_siblings_from_sysfs(tmp_path, node_sysfs):
+    host = runpod_live(tmp_path, {c: (c % 48, c % 48 + 48) for c in range(96)}, node_sysfs)
     assert host.smt_source == SYSFS_SIBLINGS
     assert host.cores == runpod_host().cores
     assert instances(plan_placement(host, instances_per_gpu=2)) == instances(
@@ -794,9 +787,9 @@ def test_gather_live_reads_siblings_from_sysfs(tmp_path):
     )
 
 
-def test_sysfs_siblings_override_the_numbering_guess(tmp_path):
+def test_sysfs_siblings_override_the_numbering_guess(tmp_path, node_sysfs):
     # a kernel that numbers threads of a core adjacently: sysfs says so, lscpu cannot
-    host = runpod_live(tmp_path, {c: (c - c % 2, c - c % 2 + 1) for c in range(96)})
+    host = runpod_live(tmp_path, {c: (c - c % 2, c - c % 2 + 1) for c in range(96)}, node_sysfs)
     assert host.smt_source == SYSFS_SIBLINGS
     assert host.core_groups(0)[:2] == [(0, 1), (2, 3)]
     plan = plan_placement(host, instances_per_gpu=2)

@@ -23,36 +23,28 @@ from triton_embed.serving.placement import (
 )
 
 
-def sysfs(tmp_path: Path, nodes: dict[int, str]) -> Path:
-    """A fake /sys/devices/system/node with ``cpulist`` per node."""
-    for n, cpulist in nodes.items():
-        (tmp_path / f"node{n}").mkdir(parents=True)
-        (tmp_path / f"node{n}" / "cpulist").write_text(cpulist + "\n")
-    return tmp_path
-
-
-def test_auto_on_two_nodes_spreads_instances_and_slices_each_node(tmp_path):
-    root = sysfs(tmp_path, {0: "0-3", 1: "4-7"})
+def test_auto_on_two_nodes_spreads_instances_and_slices_each_node(tmp_path, node_sysfs):
+    root = node_sysfs(tmp_path, {0: "0-3", 1: "4-7"})
     got = [resolve("auto", "CPU", i, 4, 0, range(8), range(8), root) for i in range(4)]
     assert [(p.numa_nodes, p.cpus) for p in got] == [
         ((0,), (0, 1)), ((0,), (2, 3)), ((1,), (4, 5)), ((1,), (6, 7))]
     assert got[0].labels() == {"numa_node": "0", "cpus": "0-1", "gpu": "none"}
 
 
-def test_auto_respects_the_process_cpus(tmp_path):
+def test_auto_respects_the_process_cpus(tmp_path, node_sysfs):
     # a server started with numactl --cpunodebind=1 sees node 1's CPUs only
-    root = sysfs(tmp_path, {0: "0-3", 1: "4-7"})
+    root = node_sysfs(tmp_path, {0: "0-3", 1: "4-7"})
     got = [resolve("auto", "CPU", i, 2, 0, [4, 5, 6, 7], [4, 5, 6, 7], root) for i in range(2)]
     assert [(p.numa_nodes, p.cpus) for p in got] == [((1,), (4, 5)), ((1,), (6, 7))]
 
 
-def test_auto_cpu_keeps_sysfs_smt_siblings_together(tmp_path, monkeypatch):
+def test_auto_cpu_keeps_sysfs_smt_siblings_together(tmp_path, monkeypatch, node_sysfs):
     # one node of 8 CPUs where CPU c and c+4 are threads of one core (sysfs cpu topology)
     from triton_embed import topology
 
     monkeypatch.setattr(topology, "read_sysfs_cpu_siblings",
                         lambda root=None: {c: (c % 4, c % 4 + 4) for c in range(8)})
-    root = sysfs(tmp_path, {0: "0-7"})
+    root = node_sysfs(tmp_path, {0: "0-7"})
     got = [resolve("auto", "CPU", i, 2, 0, range(8), range(8), root) for i in range(2)]
     assert [p.cpus for p in got] == [(0, 1, 4, 5), (2, 3, 6, 7)]
 
@@ -64,8 +56,8 @@ def test_auto_on_this_machine_equals_the_spread_slices():
         assert list(placed.cpus) == cpu_slice(allowed, i, 2)
 
 
-def test_off_keeps_the_spread_slice_and_reports_its_nodes(tmp_path):
-    root = sysfs(tmp_path, {0: "0-3", 1: "4-7"})
+def test_off_keeps_the_spread_slice_and_reports_its_nodes(tmp_path, node_sysfs):
+    root = node_sysfs(tmp_path, {0: "0-3", 1: "4-7"})
     placed = resolve("off", "CPU", 1, 2, 0, range(8), [3, 4], root)
     assert placed == InstancePlacement((0, 1), (3, 4), None, "off")
     assert placed.labels()["numa_node"] == "0,1"
@@ -77,14 +69,14 @@ def write_plan(tmp_path, instances):
     return str(path)
 
 
-def test_plan_file_for_gpu_instances_maps_visible_devices(tmp_path, monkeypatch):
+def test_plan_file_for_gpu_instances_maps_visible_devices(tmp_path, monkeypatch, node_sysfs):
     plan = write_plan(tmp_path, [
         {"index": 0, "numa_node": 1, "cpus": [4, 5], "gpu": 2},
         {"index": 1, "numa_node": 1, "cpus": [6, 7], "gpu": 2},
         {"index": 2, "numa_node": 0, "cpus": [0, 1], "gpu": 0},
     ])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")  # a per-node server: device 0 is GPU 2
-    placed = resolve(plan, "GPU", 1, 2, 0, range(8), range(8), sysfs(tmp_path / "s", {0: "0-3", 1: "4-7"}))
+    placed = resolve(plan, "GPU", 1, 2, 0, range(8), range(8), node_sysfs(tmp_path / "s", {0: "0-3", 1: "4-7"}))
     assert (placed.numa_nodes, placed.cpus, placed.gpu, placed.source) == ((1,), (6, 7), 2, plan)
     with pytest.raises(PlacementError, match=r"no instance on GPU 3"):
         resolve(plan, "GPU", 0, 2, 1, range(8), range(8), tmp_path / "s")

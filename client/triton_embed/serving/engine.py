@@ -35,12 +35,19 @@ def cpu_slice(cpus: Sequence[int], index: int, count: int) -> list[int]:
     cpus = sorted(cpus)
     if not cpus or count < 1:
         raise ValueError(f"cannot split {len(cpus)} CPUs among {count} replicas")
+    return list(chunk(cpus, index, count))
+
+
+def chunk(items: Sequence, index: int, count: int) -> Sequence:
+    """Part ``index`` of ``count`` contiguous, disjoint parts of ``items`` (the first parts take
+    the remainder); with more parts than items, part ``i`` is item ``i mod len(items)``.
+    The rule behind :func:`cpu_slice` and the doctor's whole-core slices."""
     index %= count
-    if count >= len(cpus):
-        return [cpus[index % len(cpus)]]
-    base, extra = divmod(len(cpus), count)
+    if count >= len(items):
+        return [items[index % len(items)]]
+    base, extra = divmod(len(items), count)
     start = index * base + min(index, extra)
-    return cpus[start : start + base + (1 if index < extra else 0)]
+    return items[start : start + base + (1 if index < extra else 0)]
 
 
 def engine_environment(

@@ -22,10 +22,23 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that was free a moment ago.
+
+    Drawn from 20000-32767, below Linux's ephemeral range (32768-60999): tritonserver binds
+    it seconds later, and a port from the ephemeral range can meanwhile be taken by an
+    outgoing connection (seen in the test suite).
+    """
+    import random
+
+    for _ in range(200):
+        port = random.randint(20000, 32767)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free TCP port in 20000-32767 on 127.0.0.1")
 
 
 def default_tritonserver() -> Path:
@@ -109,6 +122,10 @@ class TritonServer:
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                try:  # stubs the server left behind share its process group
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                except OSError:
+                    pass
                 raise RuntimeError(
                     f"tritonserver exited with {self.process.returncode}:\n{self.log_tail()}"
                 )

@@ -179,7 +179,9 @@ def test_a_killed_embedder_stub_is_replaced(fault_server):
 def test_sigterm_drains_in_flight_requests_and_leaves_no_stubs():
     """On a fresh server: (after a stub death, Triton 2.51 cannot unload the old model
     version and shutdown ends at its exit timeout with code 1; README, faults)."""
-    fault_server = TritonServer(ready_timeout_s=400).start()
+    # 6 x 64 long texts take 10-25 s to finish on 2 loaded cores; the drain, not Triton's
+    # default 30 s exit timer, is what is tested
+    fault_server = TritonServer(ready_timeout_s=400, extra_args=["--exit-timeout-secs", "120"]).start()
     stub_procs = list(stubs(fault_server).values())
     assert stub_procs
     texts = ["a moderately long sentence for the drain test " * 20] * 64

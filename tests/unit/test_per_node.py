@@ -54,3 +54,15 @@ def test_embedder_count_without_instance_group(tmp_path: Path):
     (tmp_path / "embedder" / "config.pbtxt").write_text('name: "embedder"\n')
     with pytest.raises(ValueError, match="no instance_group count"):
         per_node.embedder_count(tmp_path, None)
+
+
+def test_missing_repository_is_a_one_line_error(tmp_path, capsys):
+    assert per_node.main(["--dry-run", "--", "--model-repository", str(tmp_path / "nowhere")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("per_node: error: cannot read the embedder config") and "Traceback" not in err
+
+
+def test_free_ports_are_below_the_ephemeral_range():
+    from triton_embed.launcher import free_port
+
+    assert all(20000 <= free_port() <= 32767 for _ in range(20))

@@ -162,3 +162,13 @@ def test_config_parses_placement_price_and_window(make_config, tmp_path):
     ):
         with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
             EmbedderConfig.from_model_config(make_config(params), tmp_path)
+
+
+def test_plan_file_that_is_not_an_object_or_for_gpus_is_named(tmp_path):
+    bad = tmp_path / "list.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(PlacementError, match=r"list\.json: not a JSON object"):
+        resolve(str(bad), "CPU", 0, 1, 0, [0], [0])
+    gpu_plan = write_plan(tmp_path, [{"index": 0, "numa_node": 0, "cpus": [0], "gpu": 0}])
+    with pytest.raises(PlacementError, match="plan is for a GPU host"):
+        resolve(gpu_plan, "CPU", 0, 1, 0, [0, 1], [0, 1])

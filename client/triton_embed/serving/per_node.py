@@ -24,6 +24,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,7 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     rest = [a for a in args.tritonserver_args if a != "--"]
     repository = Path(option_value(rest, "--model-repository", "model_repository"))
     config_name = option_value(rest, "--model-config-name", "") or None
-    count = embedder_count(repository, config_name)
+    try:
+        count = embedder_count(repository, config_name)
+    except (OSError, ValueError) as exc:
+        print(f"per_node: error: cannot read the embedder config of {repository}: {exc}", file=sys.stderr)
+        return 1
     host = doctor.gather_host()
     plan = doctor.plan_placement(host, instances_per_gpu=count, cpu_instances=count).to_dict()
     base = {name: int(option_value(rest, f"--{name}-port", str(port))) for name, port in BASE_PORTS.items()}
@@ -109,8 +114,20 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    # One node's server gone (a failed start, or the supervisor's exit 70) stops the others:
+    # an orchestrator then restarts the whole host instead of serving with a node missing.
+    while True:
+        done = [(s, p.returncode) for s, p in zip(servers, procs) if p.poll() is not None]
+        if done:
+            break
+        time.sleep(1)
+    server, code = done[0]
+    if len(done) < len(procs) or code:
+        print(f"per_node: the server of NUMA node {server.numa_node} exited with {code}; stopping the others",
+              file=sys.stderr, flush=True)
+    forward(signal.SIGTERM, None)
     codes = [p.wait() for p in procs]
-    return max(codes, key=abs)
+    return next((c for c in codes if c), 0)
 
 
 if __name__ == "__main__":

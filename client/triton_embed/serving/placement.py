@@ -142,6 +142,9 @@ def plan_entry(plan: dict[str, Any], kind: str, index: int, gpu: int | None) -> 
                                  f"{sorted({i.get('gpu') for i in instances}, key=str)}")
         return mine[index % len(mine)]
     cpu_only = [i for i in instances if i.get("gpu") is None]
+    if instances and not cpu_only:
+        raise PlacementError("the plan is for a GPU host (its instances have GPUs) but this instance "
+                             "runs on the CPU; write a plan on this host with triton-embed doctor --plan-out")
     if index >= len(cpu_only):
         raise PlacementError(f"the plan has {len(cpu_only)} CPU instance(s); instance {index} has "
                              "no entry (re-run triton-embed doctor --cpu-instances <count>)")
@@ -180,6 +183,9 @@ def resolve(mode: str, kind: str, index: int, count: int, device_id: int,
             plan = json.loads(Path(mode).read_text())
         except (OSError, ValueError) as exc:
             raise PlacementError(f"numa_placement plan {mode}: {exc}") from None
+        if not isinstance(plan, dict):
+            raise PlacementError(f"numa_placement plan {mode}: not a JSON object (write one with "
+                                 "triton-embed doctor --plan-out)")
         plan = plan.get("plan", plan)  # `doctor --json` output or `--plan-out` file
     entry = plan_entry(plan, kind, index, gpu)
     cpus = tuple(sorted(entry.get("cpus") or allowed_cpus))

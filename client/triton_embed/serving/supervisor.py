@@ -76,6 +76,7 @@ class Supervisor:
             address = "127.0.0.1"
         self.http = f"http://{address}:{option_value(command, '--http-port', '8000')}"
         self.process: subprocess.Popen | None = None
+        self._seen: set[int] = set()  # stub PIDs ever seen, reaped when the server is gone
         self.generation = 0
         self._stop = threading.Event()
 
@@ -166,10 +167,17 @@ class Supervisor:
         self.process = subprocess.Popen(self.command)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._forward)
+        try:
+            return self._supervise()
+        finally:
+            self._reap_stubs()
+
+    def _supervise(self) -> int:
         expected: dict[str, int] = {}
         failures = 0
         while self.process.poll() is None:
             time.sleep(self.poll_s)
+            self._seen |= set(self.stubs())
             if self._stop.is_set() or self.process.poll() is not None:
                 continue
             if not expected:
@@ -200,6 +208,25 @@ class Supervisor:
                         self.process.wait()
                         return EXIT_RELOAD_FAILED
         return self.process.returncode
+
+    def _reap_stubs(self, grace_s: float = 10.0) -> None:
+        """Kill the stubs a stopped tritonserver left behind (seen after a failed start:
+        the embedder stubs outlive the server and ignore SIGTERM)."""
+        import psutil
+
+        deadline = time.monotonic() + grace_s
+        left = [p for p in self._seen if psutil.pid_exists(p)]
+        while left and time.monotonic() < deadline:
+            time.sleep(0.5)
+            left = [p for p in left if psutil.pid_exists(p)]
+        for pid in left:
+            try:
+                proc = psutil.Process(pid)
+                if proc.status() != psutil.STATUS_ZOMBIE and stub_model_name(proc.cmdline()):
+                    self.log(f"stopping stub process {pid} left behind by tritonserver")
+                    proc.kill()
+            except psutil.Error:
+                pass
 
     def _retire(self, old: set[int], grace_s: float = 15.0) -> None:
         """Stop the surviving stubs of the replaced model version.

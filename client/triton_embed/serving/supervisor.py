@@ -177,7 +177,8 @@ class Supervisor:
         failures = 0
         while self.process.poll() is None:
             time.sleep(self.poll_s)
-            self._seen |= set(self.stubs())
+            current = self.stubs()  # one process-table scan per poll
+            self._seen |= set(current)
             if self._stop.is_set() or self.process.poll() is not None:
                 continue
             if not expected:
@@ -186,7 +187,7 @@ class Supervisor:
                     self.log(f"watching stub processes per model: {json.dumps(expected)}")
                 continue
             alive: dict[str, int] = {}
-            for model in self.stubs().values():
+            for model in current.values():
                 alive[model] = alive.get(model, 0) + 1
             for model, want in sorted(expected.items()):
                 if alive.get(model, 0) >= want or self._stop.is_set():

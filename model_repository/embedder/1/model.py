@@ -83,11 +83,12 @@ class TritonPythonModel:
                 self.metrics.failure(exc)
                 responses[r] = pb_utils.InferenceResponse(error=error)
             return responses
-        tokens = sum(len(x) for x in flat)
+        per_request_tokens = [sum(len(x) for x in ids) for ids in token_ids]
+        tokens = sum(per_request_tokens)
         self.metrics.execute_done(time.perf_counter() - t0, len(flat), tokens)
         self.reporter.add_tokens(tokens)
-        for r, vectors, ids in zip(valid, per_request, token_ids):
-            self.metrics.success(texts=len(ids), tokens=sum(len(x) for x in ids))
+        for r, vectors, ids, n_tokens in zip(valid, per_request, token_ids, per_request_tokens):
+            self.metrics.success(texts=len(ids), tokens=n_tokens)
             tensor = pb_utils.Tensor("EMBEDDING", codec.encode_embeddings(vectors).reshape(-1, 1))
             responses[r] = pb_utils.InferenceResponse(output_tensors=[tensor])
         return responses

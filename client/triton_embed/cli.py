@@ -22,6 +22,17 @@ from triton_embed.doctor import CAPTURE_FILES_HELP, run_doctor
 from triton_embed.errors import EmbedClientError
 
 
+def positive_int(raw: str) -> int:
+    """argparse type: a whole number >= 1 (argparse names the flag in its error)."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def _add_connection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default=DEFAULT_URL, help="gRPC endpoint host:port (default %(default)s)")
     p.add_argument("--model", default=DEFAULT_MODEL, help="ensemble name (default %(default)s)")
@@ -50,9 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="text file (one text per line; blank lines are skipped) or JSONL")
     e.add_argument("-o", "--output", type=Path, required=True, help="output .npy (float32 [n, dim])")
     e.add_argument("--parquet", type=Path, help="also write a Parquet file (text, num_tokens, embedding)")
-    e.add_argument("--batch-size", type=int, default=None,
+    e.add_argument("--batch-size", type=positive_int, default=None,
                    help="texts per request (default: the server's max_batch_size)")
-    e.add_argument("--concurrency", type=int, default=4, help="requests in flight (default %(default)s)")
+    e.add_argument("--concurrency", type=positive_int, default=4, help="requests in flight (default %(default)s)")
     e.add_argument("--summary-json", type=Path, help="also write the closing summary as JSON")
     e.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_connection_args(e)
@@ -62,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("queries", nargs="+", help="query text(s)")
     q.add_argument("--embeddings", type=Path, required=True, help=".npy written by 'embed'")
     q.add_argument("--corpus", type=Path, required=True, help="the file that was embedded")
-    q.add_argument("-k", "--top-k", type=int, default=5, help="results per query (default %(default)s)")
+    q.add_argument("-k", "--top-k", type=positive_int, default=5, help="results per query (default %(default)s)")
     q.add_argument("--json", action="store_true", help="print results as JSON")
     _add_connection_args(q)
     _add_corpus_args(q)
@@ -73,13 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--from-dir", type=Path, default=None,
                    help="read captured outputs instead of running the commands: "
                         + CAPTURE_FILES_HELP)
-    d.add_argument("--instances-per-gpu", type=int, default=4,
+    d.add_argument("--instances-per-gpu", type=positive_int, default=4,
                    help="embedder instances per GPU, or per tensor-parallel group "
                         "(default %(default)s)")
-    d.add_argument("--cpu-instances", type=int, default=2,
+    d.add_argument("--cpu-instances", type=positive_int, default=2,
                    help="embedder instances on a CPU-only host, spread over NUMA nodes "
                         "(default %(default)s)")
-    d.add_argument("--tp-size", type=int, default=1,
+    d.add_argument("--tp-size", type=positive_int, default=1,
                    help="GPUs per tensor-parallel group; groups never cross NUMA nodes "
                         "(default %(default)s)")
     d.add_argument("--plan-out", type=Path, default=None, help="also write the plan as JSON")

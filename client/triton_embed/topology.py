@@ -103,6 +103,11 @@ class TopologyParseError(ValueError):
 # --- CPU lists ---------------------------------------------------------------------------
 
 
+# Largest CONFIG_NR_CPUS the Linux kernel accepts (arch/x86/Kconfig, NR_CPUS_RANGE_END with
+# MAXSMP): CPU numbers are 0..8191, so a list naming more is a damaged capture.
+MAX_CPUS = 8192
+
+
 def parse_cpu_ranges(text: str, what: str = "CPU list") -> tuple[tuple[int, int], ...]:
     """Inclusive ``(start, end)`` ranges of a kernel CPU list, in the order printed.
 
@@ -112,7 +117,8 @@ def parse_cpu_ranges(text: str, what: str = "CPU list") -> tuple[tuple[int, int]
         what: names the source in the error message.
 
     Raises:
-        TopologyParseError: an item is not ``N`` or ``N-M`` with ``N <= M``.
+        TopologyParseError: an item is not ``N`` or ``N-M`` with ``N <= M``, or names a CPU
+            at or above :data:`MAX_CPUS`.
     """
     text = text.strip()
     if not text:
@@ -130,6 +136,11 @@ def parse_cpu_ranges(text: str, what: str = "CPU list") -> tuple[tuple[int, int]
         if end < start:
             raise TopologyParseError(
                 f"{what}: CPU range {part.strip()!r} in {text!r} ends before it starts"
+            )
+        if end >= MAX_CPUS:
+            raise TopologyParseError(
+                f"{what}: CPU {end} in {text!r} is beyond the kernel's limit of {MAX_CPUS} CPUs "
+                "(CONFIG_NR_CPUS): check the capture"
             )
         ranges.append((start, end))
     return tuple(ranges)

@@ -998,6 +998,16 @@ def test_cli_doctor_tp8_on_two_nodes(tmp_path, capsys):
     assert payload["host"]["p2p"]["all_ok"] is True
 
 
+def test_cli_doctor_absurd_cpu_range_exits_1(tmp_path, capsys):
+    folder = write_capture(tmp_path / "asus", lscpu="lscpu_01.txt")
+    text = (folder / "lscpu.txt").read_text()
+    on_line = next(line for line in text.splitlines() if "On-line CPU(s) list:" in line)
+    (folder / "lscpu.txt").write_text(text.replace(on_line, "On-line CPU(s) list: 0-9999999"))
+    assert main(["doctor", "--from-dir", str(folder)]) == 1
+    err = capsys.readouterr().err
+    assert "CPU 9999999" in err and "beyond the kernel's limit of 8192 CPUs" in err
+
+
 def test_cli_doctor_garbage_input_exits_1(tmp_path, capsys):
     (tmp_path / "topo_m.txt").write_text("this is not nvidia-smi output\n")
     assert main(["doctor", "--from-dir", str(tmp_path)]) == 1
@@ -1012,11 +1022,12 @@ def test_cli_doctor_garbage_input_exits_1(tmp_path, capsys):
 
 def test_cli_doctor_bad_count_and_missing_dir_exit_1(tmp_path, capsys):
     folder = write_capture(tmp_path / "asus", lscpu="lscpu_01.txt")
-    assert main(["doctor", "--from-dir", str(folder), "--instances-per-gpu", "0"]) == 1
-    assert (
-        capsys.readouterr().err
-        == "triton-embed doctor: error: instances_per_gpu must be >= 1, got 0\n"
-    )
+    # counts are checked by argparse, which names the flag and exits 2 (usage error)
+    for flag in ("--instances-per-gpu", "--cpu-instances", "--tp-size"):
+        with pytest.raises(SystemExit) as stop:
+            main(["doctor", "--from-dir", str(folder), flag, "0"])
+        assert stop.value.code == 2
+        assert f"argument {flag}: must be >= 1, got 0" in capsys.readouterr().err
     assert main(["doctor", "--from-dir", str(tmp_path / "nope")]) == 1
     assert "no such folder" in capsys.readouterr().err
 

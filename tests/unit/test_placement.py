@@ -158,6 +158,8 @@ def test_config_parses_placement_price_and_window(make_config, tmp_path):
         ({"numa_placement": "nowhere.json"}, "numa_placement='nowhere.json' is not off, auto or a plan file"),
         ({"hourly_price_usd": "-1"}, "hourly_price_usd=-1.0 must be >= 0"),
         ({"hourly_price_usd": "cheap"}, "hourly_price_usd='cheap' is not a number"),
+        ({"hourly_price_usd": "inf"}, "hourly_price_usd='inf' must be a finite number"),
+        ({"hourly_price_usd": "nan"}, "hourly_price_usd='nan' must be a finite number"),
         ({"cost_window_s": "0"}, "cost_window_s=0.0 must be in"),
     ):
         with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):

@@ -355,7 +355,7 @@ def test_parse_cpu_list():
     assert parse_cpu_ranges("0-15,32-47") == ((0, 15), (32, 47))
 
 
-@pytest.mark.parametrize("bad", ["a", "0-", "-3", "3-1", "0-3,,4", "0..3", "0-3;4"])
+@pytest.mark.parametrize("bad", ["a", "0-", "-3", "3-1", "0-3,,4", "0..3", "0-3;4", "0-9999999", "8192"])
 def test_parse_cpu_list_rejects(bad):
     with pytest.raises(TopologyParseError, match="CPU"):
         parse_cpu_list(bad, "test source")

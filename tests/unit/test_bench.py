@@ -93,3 +93,28 @@ def test_every_ablation_variant_builds_a_repository(tmp_path):
     for k, (_, model, knobs) in enumerate(v for vs in bench.ABLATIONS.values() for v in vs):
         repo = bench.repository_variant(str(tmp_path / str(k)), **knobs)
         assert (repo / model / "config.pbtxt").exists()
+
+
+def test_served_counts_sums_the_tokenizer_steps_counters(tmp_path):
+    # the exposition text a scrape returns (two tokenizer instances, an embedder to ignore)
+    scrape = tmp_path / "metrics.txt"
+    scrape.write_text(
+        "# HELP triton_embed_texts_total Texts.\n# TYPE triton_embed_texts_total counter\n"
+        'triton_embed_texts_total{model="tokenizer",model_instance="tokenizer_0"} 600\n'
+        'triton_embed_texts_total{model="tokenizer",model_instance="tokenizer_1"} 400\n'
+        'triton_embed_texts_total{model="embedder",model_instance="embedder_0_0"} 1000\n'
+        "# HELP triton_embed_tokens_total Tokens.\n# TYPE triton_embed_tokens_total counter\n"
+        'triton_embed_tokens_total{model="tokenizer",model_instance="tokenizer_0"} 36000\n'
+        'triton_embed_tokens_total{model="tokenizer",model_instance="tokenizer_1"} 25000\n'
+        'triton_embed_tokens_total{model="embedder",model_instance="embedder_0_0"} 61000\n'
+    )
+
+    class Server:
+        metrics_url = scrape.as_uri()
+
+    assert bench.served_counts(Server()) == (1000.0, 61000.0)
+
+
+def test_lengths_flag_parses_mixed():
+    assert bench.parse_lengths("50,mixed") == [50, bench.MIXED]
+    assert bench.parse_lengths("256") == [256]

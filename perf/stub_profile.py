@@ -6,7 +6,8 @@ does the same under perf_analyzer load (gRPC, 1 text per request, concurrency 32
 
 * CPU seconds of every process over the measurement window (psutil): ``tritonserver``, each
   stub (tokenizer, embedder replicas), the load generator;
-* ``py-spy record`` of each stub (``--native``: C++ frames of the stub too), as a flame graph
+* ``py-spy record --nonblocking`` of each stub (it never stops the stub: a stopped stub can
+  leave the server waiting on a shared-memory lock it holds), as a flame graph
   SVG and as collapsed stacks, summarized by where the samples fall: the model forward
   (torch), the rest of vLLM, our code, Triton's stub glue (pb_utils / IPC), idle waiting.
 
@@ -105,7 +106,7 @@ def main() -> int:
         for fmt, ext, names in (("raw", "txt", stubs),
                                 ("flamegraph", "svg", [n for n in stubs if n.endswith("_0_0")])):
             spies = [(name, subprocess.Popen(
-                [spy, "record", "--pid", str(procs[name].pid), "--native", "--rate", "50",
+                [spy, "record", "--pid", str(procs[name].pid), "--nonblocking", "--rate", "50",
                  "--duration", str(int(args.seconds)), "--format", fmt, "--output", str(args.out / f"{name}.{ext}")],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)) for name in names]
             for name, proc in spies:

@@ -83,7 +83,8 @@ class _Params:
         except ValueError:
             raise ValueError(f"parameter {key}={raw!r} is not a number") from None
         if not math.isfinite(value):
-            raise ValueError(f"parameter {key}={raw!r} must be a finite number")
+            bounds = f" in ({low}, {high}]" if math.isfinite(low) and math.isfinite(high) else ""
+            raise ValueError(f"parameter {key}={raw!r} must be a finite number{bounds}")
         if not low < value <= high:
             raise ValueError(f"parameter {key}={value} must be in ({low}, {high}]")
         return value

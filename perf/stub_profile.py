@@ -115,6 +115,8 @@ def main() -> int:
                     print(f"py-spy {name} {fmt}: exit {proc.returncode}: {proc.stderr.read()[-500:]}", file=sys.stderr)
         load.terminate()
         load.wait(timeout=60)
+    for svg in args.out.glob("*.svg"):  # the title holds py-spy's command line: no machine paths
+        svg.write_text(svg.read_text().replace(f"{sys.prefix}/bin/py-spy", ".venv/bin/py-spy"))
     cores = len(psutil.Process().cpu_affinity())
     report["cpu_seconds_per_wall_second"] = {k: round((after[k] - before[k]) / wall, 3) for k in procs}
     report["cores"] = cores

@@ -129,7 +129,8 @@ def run_embed(args: argparse.Namespace) -> dict:
     with EmbeddingClient(args.url, args.model, timeout_s=args.timeout_s,
                          max_concurrency=args.concurrency, batch_size=args.batch_size,
                          truncation=args.truncation, allow_empty=args.allow_empty) as client:
-        bar = tqdm(total=len(texts), unit="text", disable=args.no_progress, file=sys.stderr)
+        # None: tqdm hides the bar when stderr is not a terminal (logs get no \r updates)
+        bar = tqdm(total=len(texts), unit="text", disable=True if args.no_progress else None, file=sys.stderr)
 
         def progress(n_texts: int, n_tokens: int) -> None:
             bar.update(n_texts)

@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import base64
 import csv
+import functools
 import json
 import os
 import signal
@@ -91,18 +92,21 @@ def exact_texts(length: int, count: int = 64) -> list[str]:
 def mixed_texts(count: int = 256) -> tuple[list[str], float]:
     """``count`` real fortunes as they are (mixed lengths), and their mean token count after
     truncation at :data:`MAX_TOKENS` (special tokens included)."""
-    from triton_embed.corpus import read_fortunes
-
-    texts = [text for _, text in read_fortunes()][:: 7][:count]
-    return texts, float(np.mean(token_counts(texts)))
+    texts, tokens = mixed_corpus(count)
+    return list(texts), float(np.mean(tokens))
 
 
-def token_counts(texts: list[str]) -> list[int]:
-    """Tokens of each text after truncation at :data:`MAX_TOKENS` (special tokens included)."""
+@functools.lru_cache(maxsize=None)
+def mixed_corpus(count: int = 256) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """The mixed-length texts and the tokens of each after truncation at :data:`MAX_TOKENS`
+    (special tokens included); tokenized once per process."""
     from transformers import AutoTokenizer
 
+    from triton_embed.corpus import read_fortunes
+
     tok = AutoTokenizer.from_pretrained(str(MODEL))
-    return [min(len(tok(t)["input_ids"]), MAX_TOKENS) for t in texts]
+    texts = tuple([text for _, text in read_fortunes()][:: 7][:count])
+    return texts, tuple(min(len(tok(t)["input_ids"]), MAX_TOKENS) for t in texts)
 
 
 def corpus(length: int) -> tuple[list[str], float]:
@@ -236,18 +240,11 @@ def perf_analyzer(server: TritonServer, texts: list[str], batch: int, conc: int,
 def served_counts(server: TritonServer) -> tuple[float, float]:
     """(texts, tokens) the tokenizer step has served so far, from the server's own
     ``triton_embed_texts_total`` / ``triton_embed_tokens_total`` (tokens after truncation)."""
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(server.metrics_url, timeout=10) as resp:
-        text = resp.read().decode()
-    totals = {"triton_embed_texts": 0.0, "triton_embed_tokens": 0.0}
-    for family in text_string_to_metric_families(text):
-        if family.name in totals:
-            totals[family.name] += sum(x.value for x in family.samples
-                                       if x.name.endswith("_total") and x.labels.get("model") == "tokenizer")
-    return totals["triton_embed_texts"], totals["triton_embed_tokens"]
+    totals = {"triton_embed_texts_total": 0.0, "triton_embed_tokens_total": 0.0}
+    for sample in server.metric_samples():
+        if sample.name in totals and sample.labels.get("model") == "tokenizer":
+            totals[sample.name] += sample.value
+    return totals["triton_embed_texts_total"], totals["triton_embed_tokens_total"]
 
 
 def client_library(server: TritonServer, texts: list[str], batch: int, conc: int, seconds: float) -> dict:
@@ -383,7 +380,7 @@ def run(mode: str, out_dir: Path, lengths: list[int] | None = None) -> list[dict
                 record("triton_pa", n, b, c, perf_analyzer(server, texts[n][0], b, c, cfg["duration_s"],
                                                            tokens_per_text=texts[n][1], count_tokens=n == MIXED))
                 record("triton_client", n, b, c, client_library(server, texts[n][0], b, c, cfg["duration_s"]))
-    counts = {n: token_counts(texts[n][0]) for n in cfg["lengths"] if n == MIXED}
+    counts = {MIXED: list(mixed_corpus()[1])} if MIXED in cfg["lengths"] else {}
     with VllmServer() as vllm:
         url = f"http://127.0.0.1:{vllm.port}/v1/embeddings"
         for n in cfg["lengths"]:

@@ -87,6 +87,17 @@ class TritonServer:
         """Prometheus metrics URL."""
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
+    def metric_samples(self) -> list:
+        """Every sample on the metrics endpoint now (``prometheus_client`` ``Sample`` tuples:
+        name, labels, value)."""
+        import urllib.request
+
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as resp:
+            text = resp.read().decode()
+        return [s for family in text_string_to_metric_families(text) for s in family.samples]
+
     def command(self) -> list[str]:
         """The full command line: ``tritonserver`` under the stub supervisor (restarts a
         model whose stub died; see :mod:`triton_embed.serving.supervisor`)."""

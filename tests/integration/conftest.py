@@ -81,12 +81,7 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def scrape(server) -> list:
     """Every sample on the server's metrics endpoint, parsed by prometheus_client."""
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
-    return [s for family in text_string_to_metric_families(text) for s in family.samples]
+    return server.metric_samples()
 
 
 def metric_sum(samples, name, **labels) -> float:

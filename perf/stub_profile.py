@@ -29,17 +29,29 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import exact_texts  # noqa: E402
-
-from triton_embed.launcher import TritonServer  # noqa: E402
+from triton_embed_server.launcher import TritonServer  # noqa: E402
 
 # Where a sampled stack belongs, by the first matching frame pattern, innermost first.
 CATEGORIES = (
-    ("model forward (torch ops)", ("torch/nn/", "torch/_ops", "at::", "torch::", "libtorch", "mkl", "dnnl", "gemm", "_C.")),
+    (
+        "model forward (torch ops)",
+        ("torch/nn/", "torch/_ops", "at::", "torch::", "libtorch", "mkl", "dnnl", "gemm", "_C."),
+    ),
     ("vLLM scheduler/runner", ("vllm/",)),
     ("tokenizer (HF tokenizers)", ("tokenizers", "transformers/tokenization")),
-    ("our serving code", ("triton_embed/",)),
-    ("stub glue (pb_utils, IPC, numpy)", ("triton_python_backend", "pb_utils", "numpy", "SharedMemory",
-                                          "MessageQueue", "bi::", "boost::")),
+    ("our serving code", ("triton_embed/", "triton_embed_server/")),
+    (
+        "stub glue (pb_utils, IPC, numpy)",
+        (
+            "triton_python_backend",
+            "pb_utils",
+            "numpy",
+            "SharedMemory",
+            "MessageQueue",
+            "bi::",
+            "boost::",
+        ),
+    ),
 )
 
 
@@ -67,7 +79,9 @@ def summarize_collapsed(path: Path) -> dict[str, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, default=Path("perf/profiles"))
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--concurrency", type=int, default=32)
@@ -77,16 +91,41 @@ def main() -> int:
     report: dict = {"case": f"50 tokens, 1 text/request, concurrency {args.concurrency}"}
     with TritonServer() as server, tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp, "data.json")
-        data.write_text(json.dumps({"data": [{"TEXT": {"content": [t], "shape": [1]}} for t in texts]}))
+        data.write_text(
+            json.dumps({"data": [{"TEXT": {"content": [t], "shape": [1]}} for t in texts]})
+        )
         load = subprocess.Popen(
-            [str(Path(sys.prefix) / "bin" / "perf_analyzer"), "-m", "embed", "-i", "grpc", "-u", server.grpc_url,
-             "--input-data", str(data), "--concurrency-range", str(args.concurrency),
-             "--measurement-interval", str(int(args.seconds * 5000)), "-p", str(int(args.seconds * 5000))],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            [
+                str(Path(sys.prefix) / "bin" / "perf_analyzer"),
+                "-m",
+                "embed",
+                "-i",
+                "grpc",
+                "-u",
+                server.grpc_url,
+                "--input-data",
+                str(data),
+                "--concurrency-range",
+                str(args.concurrency),
+                "--measurement-interval",
+                str(int(args.seconds * 5000)),
+                "-p",
+                str(int(args.seconds * 5000)),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         time.sleep(5)  # warm up
         server_proc = psutil.Process(server.process.pid)
-        procs = {"tritonserver": next(p for p in server_proc.children(recursive=True)
-                                      if p.name().startswith("tritonserver") or "tritonserver" in " ".join(p.cmdline()[:1]))}
+        procs = {
+            "tritonserver": next(
+                p
+                for p in server_proc.children(recursive=True)
+                if p.name().startswith("tritonserver")
+                or "tritonserver" in " ".join(p.cmdline()[:1])
+            )
+        }
         for p in server_proc.children(recursive=True):
             cmd = p.cmdline()
             if cmd and "triton_python_backend_stub" in cmd[0]:
@@ -103,25 +142,57 @@ def main() -> int:
         # pass 2: collapsed stacks of every stub; pass 3: flame graphs of one stub per model
         spy = str(Path(sys.prefix) / "bin" / "py-spy")
         stubs = [n for n in procs if n.startswith(("tokenizer_", "embedder_"))]
-        for fmt, ext, names in (("raw", "txt", stubs),
-                                ("flamegraph", "svg", [n for n in stubs if n.endswith("_0_0")])):
-            spies = [(name, subprocess.Popen(
-                [spy, "record", "--pid", str(procs[name].pid), "--nonblocking", "--rate", "50",
-                 "--duration", str(int(args.seconds)), "--format", fmt, "--output", str(args.out / f"{name}.{ext}")],
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)) for name in names]
+        for fmt, ext, names in (
+            ("raw", "txt", stubs),
+            ("flamegraph", "svg", [n for n in stubs if n.endswith("_0_0")]),
+        ):
+            spies = [
+                (
+                    name,
+                    subprocess.Popen(
+                        [
+                            spy,
+                            "record",
+                            "--pid",
+                            str(procs[name].pid),
+                            "--nonblocking",
+                            "--rate",
+                            "50",
+                            "--duration",
+                            str(int(args.seconds)),
+                            "--format",
+                            fmt,
+                            "--output",
+                            str(args.out / f"{name}.{ext}"),
+                        ],
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.PIPE,
+                        text=True,
+                    ),
+                )
+                for name in names
+            ]
             for name, proc in spies:
                 proc.wait(timeout=args.seconds + 120)
                 if proc.returncode:
-                    print(f"py-spy {name} {fmt}: exit {proc.returncode}: {proc.stderr.read()[-500:]}", file=sys.stderr)
+                    print(
+                        f"py-spy {name} {fmt}: exit {proc.returncode}: {proc.stderr.read()[-500:]}",
+                        file=sys.stderr,
+                    )
         load.terminate()
         load.wait(timeout=60)
     for svg in args.out.glob("*.svg"):  # the title holds py-spy's command line: no machine paths
         svg.write_text(svg.read_text().replace(f"{sys.prefix}/bin/py-spy", ".venv/bin/py-spy"))
     cores = len(psutil.Process().cpu_affinity())
-    report["cpu_seconds_per_wall_second"] = {k: round((after[k] - before[k]) / wall, 3) for k in procs}
+    report["cpu_seconds_per_wall_second"] = {
+        k: round((after[k] - before[k]) / wall, 3) for k in procs
+    }
     report["cores"] = cores
-    report["stub_profiles"] = {n: summarize_collapsed(args.out / f"{n}.txt")
-                               for n in stubs if (args.out / f"{n}.txt").exists()}
+    report["stub_profiles"] = {
+        n: summarize_collapsed(args.out / f"{n}.txt")
+        for n in stubs
+        if (args.out / f"{n}.txt").exists()
+    }
     (args.out / "profile.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
     return 0

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from triton_embed import cli
 from triton_embed.corpus import read_fortunes, write_jsonl
-from triton_embed.launcher import REPO_ROOT, TritonServer
+from triton_embed_server.launcher import REPO_ROOT, TritonServer
 
 QUERIES = [
     "a computer program that does not work",
@@ -29,9 +29,15 @@ QUERIES = [
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--max-texts", type=int, default=6000,
-                        help="texts taken from the corpus (seeded sample; 0 = all, about 15,000)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--max-texts",
+        type=int,
+        default=6000,
+        help="texts taken from the corpus (seeded sample; 0 = all, about 15,000)",
+    )
     parser.add_argument("--out-dir", type=Path, default=REPO_ROOT / "out")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=16)
@@ -52,13 +58,41 @@ def main() -> int:
         print(f"server ready in {time.perf_counter() - t0:.1f} s")
         embeddings = args.out_dir / "fortunes.npy"
         common = ["--url", server.grpc_url]
-        summary = cli.run_embed(cli.build_parser().parse_args([
-            "embed", str(corpus), "-o", str(embeddings), "--parquet", str(args.out_dir / "fortunes.parquet"),
-            "--concurrency", str(args.concurrency), "--batch-size", str(args.batch_size),
-            "--summary-json", str(args.out_dir / "summary.json"), *common]))
+        summary = cli.run_embed(
+            cli.build_parser().parse_args(
+                [
+                    "embed",
+                    str(corpus),
+                    "-o",
+                    str(embeddings),
+                    "--parquet",
+                    str(args.out_dir / "fortunes.parquet"),
+                    "--concurrency",
+                    str(args.concurrency),
+                    "--batch-size",
+                    str(args.batch_size),
+                    "--summary-json",
+                    str(args.out_dir / "summary.json"),
+                    *common,
+                ]
+            )
+        )
         print()
-        cli.run_query(cli.build_parser().parse_args(
-            ["query", *QUERIES, "--embeddings", str(embeddings), "--corpus", str(corpus), "-k", "3", *common]))
+        cli.run_query(
+            cli.build_parser().parse_args(
+                [
+                    "query",
+                    *QUERIES,
+                    "--embeddings",
+                    str(embeddings),
+                    "--corpus",
+                    str(corpus),
+                    "-k",
+                    "3",
+                    *common,
+                ]
+            )
+        )
     print(f"\nserver stopped. figures: {json.dumps(summary)}")
     return 0
 

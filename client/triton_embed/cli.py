@@ -15,15 +15,15 @@ import time
 from pathlib import Path
 
 import numpy as np
+from triton_embed_server.doctor import CAPTURE_FILES_HELP, run_doctor
 
 from triton_embed.client import DEFAULT_MODEL, DEFAULT_URL, EmbeddingClient
 from triton_embed.corpus import read_texts
-from triton_embed.doctor import CAPTURE_FILES_HELP, run_doctor
 from triton_embed.errors import EmbedClientError
 
 
 def positive_int(raw: str) -> int:
-    """argparse type: a whole number >= 1 (argparse names the flag in its error)."""
+    """Argparse type: a whole number >= 1 (argparse names the flag in its error)."""
     try:
         value = int(raw)
     except ValueError:
@@ -34,36 +34,69 @@ def positive_int(raw: str) -> int:
 
 
 def _add_connection_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default=DEFAULT_URL, help="gRPC endpoint host:port (default %(default)s)")
+    p.add_argument(
+        "--url", default=DEFAULT_URL, help="gRPC endpoint host:port (default %(default)s)"
+    )
     p.add_argument("--model", default=DEFAULT_MODEL, help="ensemble name (default %(default)s)")
     p.add_argument("--timeout-s", type=float, default=120.0, help="per-request deadline, seconds")
-    p.add_argument("--truncation", choices=("NONE", "END", "START"), default=None,
-                   help="over-long texts: NONE = error, END = keep the start, START = keep the "
-                        "end (default: the server's, END)")
-    p.add_argument("--allow-empty", action="store_true", default=None,
-                   help="embed empty texts instead of rejecting them")
+    p.add_argument(
+        "--truncation",
+        choices=("NONE", "END", "START"),
+        default=None,
+        help="over-long texts: NONE = error, END = keep the start, START = keep the "
+        "end (default: the server's, END)",
+    )
+    p.add_argument(
+        "--allow-empty",
+        action="store_true",
+        default=None,
+        help="embed empty texts instead of rejecting them",
+    )
 
 
 def _add_corpus_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--format", choices=("auto", "text", "jsonl"), default="auto",
-                   help="input format; auto = jsonl for .jsonl/.ndjson, else one text per line")
-    p.add_argument("--field", default="text", help="JSONL key holding the text (default %(default)s)")
+    p.add_argument(
+        "--format",
+        choices=("auto", "text", "jsonl"),
+        default="auto",
+        help="input format; auto = jsonl for .jsonl/.ndjson, else one text per line",
+    )
+    p.add_argument(
+        "--field", default="text", help="JSONL key holding the text (default %(default)s)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``triton-embed``."""
-    parser = argparse.ArgumentParser(prog="triton-embed", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="triton-embed",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     e = sub.add_parser("embed", help="embed a text/JSONL file into .npy (and Parquet)")
-    e.add_argument("input", type=Path,
-                   help="text file (one text per line; blank lines are skipped) or JSONL")
-    e.add_argument("-o", "--output", type=Path, required=True, help="output .npy (float32 [n, dim])")
-    e.add_argument("--parquet", type=Path, help="also write a Parquet file (text, num_tokens, embedding)")
-    e.add_argument("--batch-size", type=positive_int, default=None,
-                   help="texts per request (default: the server's max_batch_size)")
-    e.add_argument("--concurrency", type=positive_int, default=4, help="requests in flight (default %(default)s)")
+    e.add_argument(
+        "input", type=Path, help="text file (one text per line; blank lines are skipped) or JSONL"
+    )
+    e.add_argument(
+        "-o", "--output", type=Path, required=True, help="output .npy (float32 [n, dim])"
+    )
+    e.add_argument(
+        "--parquet", type=Path, help="also write a Parquet file (text, num_tokens, embedding)"
+    )
+    e.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=None,
+        help="texts per request (default: the server's max_batch_size)",
+    )
+    e.add_argument(
+        "--concurrency",
+        type=positive_int,
+        default=4,
+        help="requests in flight (default %(default)s)",
+    )
     e.add_argument("--summary-json", type=Path, help="also write the closing summary as JSON")
     e.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_connection_args(e)
@@ -73,26 +106,45 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("queries", nargs="+", help="query text(s)")
     q.add_argument("--embeddings", type=Path, required=True, help=".npy written by 'embed'")
     q.add_argument("--corpus", type=Path, required=True, help="the file that was embedded")
-    q.add_argument("-k", "--top-k", type=positive_int, default=5, help="results per query (default %(default)s)")
+    q.add_argument(
+        "-k",
+        "--top-k",
+        type=positive_int,
+        default=5,
+        help="results per query (default %(default)s)",
+    )
     q.add_argument("--json", action="store_true", help="print results as JSON")
     _add_connection_args(q)
     _add_corpus_args(q)
 
-    d = sub.add_parser("doctor",
-                       help="host topology (GPUs, NUMA nodes, cores) and a placement plan")
+    d = sub.add_parser(
+        "doctor", help="host topology (GPUs, NUMA nodes, cores) and a placement plan"
+    )
     d.add_argument("--json", action="store_true", help="print JSON (keys: host, plan, warnings)")
-    d.add_argument("--from-dir", type=Path, default=None,
-                   help="read captured outputs instead of running the commands: "
-                        + CAPTURE_FILES_HELP)
-    d.add_argument("--instances-per-gpu", type=positive_int, default=4,
-                   help="embedder instances per GPU, or per tensor-parallel group "
-                        "(default %(default)s)")
-    d.add_argument("--cpu-instances", type=positive_int, default=2,
-                   help="embedder instances on a CPU-only host, spread over NUMA nodes "
-                        "(default %(default)s)")
-    d.add_argument("--tp-size", type=positive_int, default=1,
-                   help="GPUs per tensor-parallel group; groups never cross NUMA nodes "
-                        "(default %(default)s)")
+    d.add_argument(
+        "--from-dir",
+        type=Path,
+        default=None,
+        help="read captured outputs instead of running the commands: " + CAPTURE_FILES_HELP,
+    )
+    d.add_argument(
+        "--instances-per-gpu",
+        type=positive_int,
+        default=4,
+        help="embedder instances per GPU, or per tensor-parallel group (default %(default)s)",
+    )
+    d.add_argument(
+        "--cpu-instances",
+        type=positive_int,
+        default=2,
+        help="embedder instances on a CPU-only host, spread over NUMA nodes (default %(default)s)",
+    )
+    d.add_argument(
+        "--tp-size",
+        type=positive_int,
+        default=1,
+        help="GPUs per tensor-parallel group; groups never cross NUMA nodes (default %(default)s)",
+    )
     d.add_argument("--plan-out", type=Path, default=None, help="also write the plan as JSON")
     return parser
 
@@ -126,11 +178,22 @@ def run_embed(args: argparse.Namespace) -> dict:
     for out in (args.output, args.parquet, args.summary_json):
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
-    with EmbeddingClient(args.url, args.model, timeout_s=args.timeout_s,
-                         max_concurrency=args.concurrency, batch_size=args.batch_size,
-                         truncation=args.truncation, allow_empty=args.allow_empty) as client:
+    with EmbeddingClient(
+        args.url,
+        args.model,
+        timeout_s=args.timeout_s,
+        max_concurrency=args.concurrency,
+        batch_size=args.batch_size,
+        truncation=args.truncation,
+        allow_empty=args.allow_empty,
+    ) as client:
         # None: tqdm hides the bar when stderr is not a terminal (logs get no \r updates)
-        bar = tqdm(total=len(texts), unit="text", disable=True if args.no_progress else None, file=sys.stderr)
+        bar = tqdm(
+            total=len(texts),
+            unit="text",
+            disable=True if args.no_progress else None,
+            file=sys.stderr,
+        )
 
         def progress(n_texts: int, n_tokens: int) -> None:
             bar.update(n_texts)
@@ -145,12 +208,15 @@ def run_embed(args: argparse.Namespace) -> dict:
         import pyarrow.parquet as pq
 
         dim = result.embeddings.shape[1]
-        table = pa.table({
-            "text": texts,
-            "num_tokens": result.num_tokens,
-            "embedding": pa.FixedSizeListArray.from_arrays(
-                pa.array(result.embeddings.reshape(-1), type=pa.float32()), dim),
-        })
+        table = pa.table(
+            {
+                "text": texts,
+                "num_tokens": result.num_tokens,
+                "embedding": pa.FixedSizeListArray.from_arrays(
+                    pa.array(result.embeddings.reshape(-1), type=pa.float32()), dim
+                ),
+            }
+        )
         pq.write_table(table, args.parquet)
     summary = summarize(len(texts), int(result.num_tokens.sum()), elapsed, result.latencies_s)
     summary["dim"] = int(result.embeddings.shape[1])
@@ -165,7 +231,9 @@ def run_embed(args: argparse.Namespace) -> dict:
     return summary
 
 
-def nearest(corpus_vectors: np.ndarray, query_vectors: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
+def nearest(
+    corpus_vectors: np.ndarray, query_vectors: np.ndarray, k: int
+) -> list[list[tuple[int, float]]]:
     """Top-``k`` corpus rows by cosine similarity for each query.
 
     Args:
@@ -179,6 +247,7 @@ def nearest(corpus_vectors: np.ndarray, query_vectors: np.ndarray, k: int) -> li
     Returns:
         Per query, ``(row, cosine)`` pairs, best first.
     """
+
     def unit(m: np.ndarray) -> np.ndarray:
         norms = np.linalg.norm(m, axis=1, keepdims=True)
         return m / np.where(norms == 0, 1, norms)
@@ -205,14 +274,25 @@ def run_query(args: argparse.Namespace) -> list[dict]:
             f"{args.corpus} has {len(texts)} texts but {args.embeddings} has {len(vectors)} "
             "embeddings; pass the file that was embedded"
         )
-    with EmbeddingClient(args.url, args.model, timeout_s=args.timeout_s,
-                         truncation=args.truncation, allow_empty=args.allow_empty) as client:
+    with EmbeddingClient(
+        args.url,
+        args.model,
+        timeout_s=args.timeout_s,
+        truncation=args.truncation,
+        allow_empty=args.allow_empty,
+    ) as client:
         qv = client.embed(args.queries)
     results = []
     for query, hits in zip(args.queries, nearest(vectors, qv, args.top_k)):
-        results.append({"query": query, "hits": [
-            {"rank": r + 1, "index": i, "cosine": round(s, 4), "text": texts[i]}
-            for r, (i, s) in enumerate(hits)]})
+        results.append(
+            {
+                "query": query,
+                "hits": [
+                    {"rank": r + 1, "index": i, "cosine": round(s, 4), "text": texts[i]}
+                    for r, (i, s) in enumerate(hits)
+                ],
+            }
+        )
     if args.json:
         print(json.dumps(results, ensure_ascii=False, indent=2))
     else:

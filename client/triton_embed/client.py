@@ -21,9 +21,9 @@ import numpy as np
 from triton_embed.codec import decode_embeddings
 from triton_embed.errors import (
     EmbedClientError,
+    EmbedTimeoutError,
     InvalidInputError,
     ServerUnavailableError,
-    EmbedTimeoutError,
 )
 
 DEFAULT_URL = "127.0.0.1:8001"
@@ -97,7 +97,9 @@ class EmbeddingClient:
             self.parameters["allow_empty"] = bool(allow_empty)
         if invalid_utf8 is not None:
             if invalid_utf8 not in ("error", "replace"):
-                raise InvalidInputError(f"invalid_utf8={invalid_utf8!r} is not one of error, replace")
+                raise InvalidInputError(
+                    f"invalid_utf8={invalid_utf8!r} is not one of error, replace"
+                )
             self.parameters["invalid_utf8"] = invalid_utf8
 
         self._grpc = grpcclient

@@ -56,7 +56,9 @@ def read_texts(path: str | Path, fmt: str = "auto", field: str = "text") -> list
     return texts
 
 
-def read_fortunes(directory: str | Path = FORTUNES_DIR, skip: tuple[str, ...] = ("ascii-art", "art")) -> list[tuple[str, str]]:
+def read_fortunes(
+    directory: str | Path = FORTUNES_DIR, skip: tuple[str, ...] = ("ascii-art", "art")
+) -> list[tuple[str, str]]:
     """Read Debian's ``fortunes`` data files (texts separated by lines holding ``%``).
 
     Args:

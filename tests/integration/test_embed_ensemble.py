@@ -7,7 +7,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-
 from triton_embed.codec import decode_embeddings
 from triton_embed.corpus import read_fortunes
 
@@ -24,7 +23,9 @@ def real_texts():
 
 
 @pytest.mark.parametrize("batch_size", [1, 7, 64])
-def test_embeddings_match_sentence_transformers(grpc_client, reference_model, real_texts, batch_size):
+def test_embeddings_match_sentence_transformers(
+    grpc_client, reference_model, real_texts, batch_size
+):
     texts = real_texts[:batch_size]
     elements, _ = infer_embed(grpc_client, texts)
     assert len(elements) == batch_size
@@ -36,7 +37,9 @@ def test_embeddings_match_sentence_transformers(grpc_client, reference_model, re
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-3)
 
 
-def test_eight_concurrent_clients_get_their_own_results_in_order(server, reference_model, real_texts):
+def test_eight_concurrent_clients_get_their_own_results_in_order(
+    server, reference_model, real_texts
+):
     import tritonclient.grpc as grpcclient
 
     batches = [real_texts[i * 20 : i * 20 + 3 + i * 2] for i in range(8)]  # sizes 3, 5, ..., 17
@@ -85,8 +88,10 @@ def test_http_infer_works_with_binary_outputs(server, reference_model):
     texts = ["first text over HTTP", "second"]
     body = {
         "inputs": [{"name": "TEXT", "shape": [2, 1], "datatype": "BYTES", "data": texts}],
-        "outputs": [{"name": "EMBEDDING", "parameters": {"binary_data": True}},
-                    {"name": "NUM_TOKENS", "parameters": {"binary_data": False}}],
+        "outputs": [
+            {"name": "EMBEDDING", "parameters": {"binary_data": True}},
+            {"name": "NUM_TOKENS", "parameters": {"binary_data": False}},
+        ],
     }
     resp = requests.post(f"{server.http_url}/v2/models/embed/infer", json=body, timeout=60)
     assert resp.status_code == 200, resp.text[:500]

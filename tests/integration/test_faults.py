@@ -16,9 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 import tritonclient.grpc as grpcclient
+from triton_embed_server.launcher import TritonServer
 from tritonclient.utils import InferenceServerException
-
-from triton_embed.launcher import TritonServer
 
 from .conftest import MAX_LENGTH, text_input
 
@@ -37,15 +36,19 @@ def fault_server():
 
 
 def texts_request(client, texts, **parameters):
-    return client.infer("embed", [text_input(texts)], parameters=parameters or None,
-                        client_timeout=120)
+    return client.infer(
+        "embed", [text_input(texts)], parameters=parameters or None, client_timeout=120
+    )
 
 
 def stubs(server):
     out = {}
     for p in psutil.Process(server.process.pid).children(recursive=True):
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and "triton_python_backend_stub" in p.cmdline()[0]:
+            if (
+                p.status() != psutil.STATUS_ZOMBIE
+                and "triton_python_backend_stub" in p.cmdline()[0]
+            ):
                 out[p.pid] = p
         except (psutil.Error, IndexError):
             pass
@@ -53,7 +56,10 @@ def stubs(server):
 
 
 def server_rss_mb(server):
-    procs = [psutil.Process(server.process.pid), *psutil.Process(server.process.pid).children(recursive=True)]
+    procs = [
+        psutil.Process(server.process.pid),
+        *psutil.Process(server.process.pid).children(recursive=True),
+    ]
     total = 0
     for p in procs:
         try:
@@ -96,6 +102,7 @@ def test_failing_traffic_does_not_leak_and_counts_as_failures(fault_server):
             except InferenceServerException as exc:
                 assert exc.status() == "StatusCode.INVALID_ARGUMENT", exc
                 return False
+
         with ThreadPoolExecutor(max_workers=16) as pool:
             return list(pool.map(one, range(n)))
 
@@ -114,10 +121,13 @@ def test_failing_traffic_does_not_leak_and_counts_as_failures(fault_server):
     time.sleep(2)
     assert results.count(True) == 2500 and results.count(False) == 2500
     # Our own counters (Triton 2.51 counts a Python-backend error response as a success of
-    # that model, and an ensemble failure twice; see triton_embed.serving.metrics).
+    # that model, and an ensemble failure twice; see triton_embed_server.metrics).
     assert metric(fault_server, "triton_embed_requests_failed_total", "tokenizer") - fail0 == 2500
     assert metric(fault_server, "triton_embed_requests_succeeded_total", "tokenizer") - ok0 == 2500
-    assert metric(fault_server, "triton_embed_requests_succeeded_total", "embedder") - ok_embedder0 == 2500
+    assert (
+        metric(fault_server, "triton_embed_requests_succeeded_total", "embedder") - ok_embedder0
+        == 2500
+    )
     rss1, shm1 = server_rss_mb(fault_server), shm_bytes(fault_server)
     print(f"RSS {rss0:.0f} -> {rss1:.0f} MB, /dev/shm {shm0} -> {shm1} bytes")
     assert rss1 - rss0 < RSS_MARGIN_MB
@@ -135,11 +145,33 @@ def test_large_responses_pass_grpc_and_perf_analyzer(fault_server, tmp_path):
     data = tmp_path / "long.json"
     data.write_text(json.dumps({"data": [{"TEXT": {"content": [long_texts[0]], "shape": [1]}}]}))
     proc = subprocess.run(
-        [str(Path(sys.prefix) / "bin" / "perf_analyzer"), "-m", "embed", "-i", "grpc",
-         "-u", fault_server.grpc_url, "--input-data", str(data), "-b", "64",
-         "--concurrency-range", "1", "--measurement-mode", "count_windows",
-         "--measurement-request-count", "2", "--stability-percentage", "500", "--max-trials", "3"],
-        capture_output=True, text=True, timeout=300)
+        [
+            str(Path(sys.prefix) / "bin" / "perf_analyzer"),
+            "-m",
+            "embed",
+            "-i",
+            "grpc",
+            "-u",
+            fault_server.grpc_url,
+            "--input-data",
+            str(data),
+            "-b",
+            "64",
+            "--concurrency-range",
+            "1",
+            "--measurement-mode",
+            "count_windows",
+            "--measurement-request-count",
+            "2",
+            "--stability-percentage",
+            "500",
+            "--max-trials",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "Throughput:" in out and "message" not in out.lower()
@@ -168,7 +200,9 @@ def test_a_killed_embedder_stub_is_replaced(fault_server):
     print(f"recovered in {recovery_s:.1f} s")
     assert streak >= 3, f"still failing after {recovery_s:.0f} s:\n{fault_server.log_tail()}"
     deadline = time.monotonic() + 60  # the old instance is unloaded after the switch
-    while "reloaded 'embedder'" not in fault_server.log_tail(200_000) and time.monotonic() < deadline:
+    while (
+        "reloaded 'embedder'" not in fault_server.log_tail(200_000) and time.monotonic() < deadline
+    ):
         time.sleep(0.5)
     assert "reloaded 'embedder'" in fault_server.log_tail(200_000)
     after = {pid: p for pid, p in stubs(fault_server).items() if "/embedder/" in p.cmdline()[1]}
@@ -181,7 +215,9 @@ def test_sigterm_drains_in_flight_requests_and_leaves_no_stubs():
     version and shutdown ends at its exit timeout with code 1; README, faults)."""
     # 6 x 64 long texts take 10-25 s to finish on 2 loaded cores; the drain, not Triton's
     # default 30 s exit timer, is what is tested
-    fault_server = TritonServer(ready_timeout_s=400, extra_args=["--exit-timeout-secs", "120"]).start()
+    fault_server = TritonServer(
+        ready_timeout_s=400, extra_args=["--exit-timeout-secs", "120"]
+    ).start()
     stub_procs = list(stubs(fault_server).values())
     assert stub_procs
     texts = ["a moderately long sentence for the drain test " * 20] * 64

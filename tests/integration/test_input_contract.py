@@ -8,9 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from tritonclient.utils import InferenceServerException
-
 from triton_embed.codec import decode_embeddings, encode_token_ids
+from tritonclient.utils import InferenceServerException
 
 from .conftest import COSINE_MIN, DIM, MAX_LENGTH, cosines, text_input
 
@@ -20,11 +19,14 @@ pytestmark = pytest.mark.integration
 def call(client, texts, model="embed", timeout_s=60, **parameters):
     """(embeddings [n, dim], num_tokens [n]) or the InferenceServerException."""
     try:
-        r = client.infer(model, [text_input(texts)], parameters=parameters or None,
-                         client_timeout=timeout_s)
+        r = client.infer(
+            model, [text_input(texts)], parameters=parameters or None, client_timeout=timeout_s
+        )
     except InferenceServerException as exc:
         return exc
-    return decode_embeddings(r.as_numpy("EMBEDDING").reshape(-1)), r.as_numpy("NUM_TOKENS").reshape(-1)
+    return decode_embeddings(r.as_numpy("EMBEDDING").reshape(-1)), r.as_numpy("NUM_TOKENS").reshape(
+        -1
+    )
 
 
 def assert_invalid(result, *fragments):
@@ -55,7 +57,7 @@ def test_truncation_start_keeps_the_end(grpc_client, hf_tokenizer, reference_mod
     text = "filler text " * 400 + "a distinctive ending sentence about penguins."
     vectors, counts = call(grpc_client, [text], truncation="START")
     assert counts.tolist() == [MAX_LENGTH]
-    ids = hf_tokenizer(text, add_special_tokens=False)["input_ids"][-(MAX_LENGTH - 2):]
+    ids = hf_tokenizer(text, add_special_tokens=False)["input_ids"][-(MAX_LENGTH - 2) :]
     tail_text = hf_tokenizer.decode(ids)
     ref = reference_model.encode([tail_text])
     assert cosines(vectors, ref)[0] >= 0.999  # decode/re-encode of the kept tail
@@ -82,11 +84,19 @@ def test_empty_text_opt_in(grpc_client):
 
 @pytest.mark.parametrize(
     "payload, offset",
-    [(b"\xff", 0), (b"ok \xc3", 3), (b"abc\xe2\x82", 3), (b"\xed\xa0\x80 surrogate", 0), (b"a\xc0\xafb", 1)],
+    [
+        (b"\xff", 0),
+        (b"ok \xc3", 3),
+        (b"abc\xe2\x82", 3),
+        (b"\xed\xa0\x80 surrogate", 0),
+        (b"a\xc0\xafb", 1),
+    ],
 )
 def test_invalid_utf8_is_rejected_with_index_and_byte_offset(grpc_client, payload, offset):
     result = call(grpc_client, [b"valid", payload])
-    assert_invalid(result, "text 1 is not valid UTF-8", f"byte offset {offset}", "invalid_utf8=replace")
+    assert_invalid(
+        result, "text 1 is not valid UTF-8", f"byte offset {offset}", "invalid_utf8=replace"
+    )
 
 
 def test_invalid_utf8_replaced_when_opted_in(grpc_client, reference_model):
@@ -95,7 +105,9 @@ def test_invalid_utf8_replaced_when_opted_in(grpc_client, reference_model):
     assert cosines(vectors, ref)[0] >= COSINE_MIN
 
 
-def test_nul_and_control_characters_reach_the_tokenizer_as_sent(grpc_client, hf_tokenizer, reference_model):
+def test_nul_and_control_characters_reach_the_tokenizer_as_sent(
+    grpc_client, hf_tokenizer, reference_model
+):
     texts = ["first\x00 second third", "tab\tand\x01ctrl\x1fchars", "ends with nul\x00", "\x00"]
     vectors, counts = call(grpc_client, texts)
     assert counts.tolist() == [len(ids) for ids in hf_tokenizer(texts)["input_ids"]]
@@ -120,7 +132,9 @@ def test_every_length_from_zero_past_the_limit_answers(server, grpc_client, hf_t
     for truncation in ("END", "NONE"):
         for n in lengths:
             text = "word " * n
-            result = call(grpc_client, [text], truncation=truncation, allow_empty=True, timeout_s=30)
+            result = call(
+                grpc_client, [text], truncation=truncation, allow_empty=True, timeout_s=30
+            )
             tokens = n + 2
             if truncation == "NONE" and tokens > MAX_LENGTH:
                 assert_invalid(result, f"has {tokens} tokens")
@@ -174,10 +188,12 @@ def embedder_call(client, payloads):
 
 @pytest.mark.parametrize(
     "ids, fragment",
-    [([101, 999999, 102], "token ID 999999 at position 1, outside the vocabulary [0, 30522)"),
-     ([101, -5, 102], "token ID -5 at position 1"),
-     ([101] + [1000] * 300 + [102], "has 302 token IDs; the model accepts 256"),
-     ([], "has no token IDs")],
+    [
+        ([101, 999999, 102], "token ID 999999 at position 1, outside the vocabulary [0, 30522)"),
+        ([101, -5, 102], "token ID -5 at position 1"),
+        ([101] + [1000] * 300 + [102], "has 302 token IDs; the model accepts 256"),
+        ([], "has no token IDs"),
+    ],
 )
 def test_embedder_rejects_bad_token_ids_before_the_engine(server, grpc_client, ids, fragment):
     good = encode_token_ids([[101, 7592, 102]])[0]
@@ -211,6 +227,7 @@ def test_embedding_does_not_depend_on_batch_company(server, grpc_client, referen
 
 def test_a_bad_request_fails_alone_in_a_dynamic_batch(server):
     """Concurrent good and bad requests: every good one succeeds, every bad one fails."""
+
     def one(i):
         client = grpcclient.InferenceServerClient(server.grpc_url)
         try:

@@ -11,14 +11,13 @@ import time
 import numpy as np
 import psutil
 import pytest
-
 from triton_embed import doctor
 from triton_embed.cli import main as cli_main
 from triton_embed.codec import encode_token_ids
-from triton_embed.launcher import REPO_ROOT, TritonServer
-from triton_embed.serving.engine import instance_index
-from triton_embed.serving.metrics import NUMA_EVENTS, REPORT_INTERVAL_S, cost_per_million_tokens
-from triton_embed.topology import parse_cpu_list
+from triton_embed_server.engine import instance_index
+from triton_embed_server.launcher import REPO_ROOT, TritonServer
+from triton_embed_server.metrics import NUMA_EVENTS, REPORT_INTERVAL_S, cost_per_million_tokens
+from triton_embed_server.topology import parse_cpu_list
 
 from .conftest import MAX_LENGTH, infer_embed, metric_sum, scrape, text_input
 
@@ -41,7 +40,9 @@ def embedder_stubs(server) -> dict[str, psutil.Process]:
     return stubs
 
 
-def test_metrics_count_what_the_tokenizer_produced_and_failures_as_failures(server, grpc_client, hf_tokenizer):
+def test_metrics_count_what_the_tokenizer_produced_and_failures_as_failures(
+    server, grpc_client, hf_tokenizer
+):
     expected_tokens = sum(min(len(hf_tokenizer(t)["input_ids"]), MAX_LENGTH) for t in TEXTS)
     time.sleep(REPORT_INTERVAL_S + 1)  # earlier tests' counts are flushed before the baseline
     before = scrape(server)
@@ -66,49 +67,72 @@ def test_metrics_count_what_the_tokenizer_produced_and_failures_as_failures(serv
     n_texts = 1 + 2 + len(TEXTS)
     for model in ("tokenizer", "embedder"):
         assert delta("triton_embed_tokens_total", model=model) == 2 * expected_tokens - sum(
-            min(len(hf_tokenizer(t)["input_ids"]), MAX_LENGTH) for t in TEXTS[3:]), model
+            min(len(hf_tokenizer(t)["input_ids"]), MAX_LENGTH) for t in TEXTS[3:]
+        ), model
         assert delta("triton_embed_texts_total", model=model) == n_texts, model
         assert delta("triton_embed_requests_succeeded_total", model=model) == 3, model
         assert delta("triton_embed_batch_texts_sum", model=model) == n_texts, model
-        assert delta("triton_embed_batch_tokens_sum", model=model) == delta("triton_embed_tokens_total", model=model)
+        assert delta("triton_embed_batch_tokens_sum", model=model) == delta(
+            "triton_embed_tokens_total", model=model
+        )
         assert 1 <= delta("triton_embed_execute_seconds_count", model=model) <= 4, model
         assert 0 < delta("triton_embed_execute_seconds_sum", model=model) < 30, model
     assert delta("triton_embed_texts_truncated_total", model="tokenizer") == 1
     assert delta("triton_embed_requests_failed_total", model="tokenizer", reason="empty") == 1
-    assert delta("triton_embed_requests_failed_total", model="embedder", reason="invalid_token_ids") == 1
+    assert (
+        delta("triton_embed_requests_failed_total", model="embedder", reason="invalid_token_ids")
+        == 1
+    )
     assert delta("triton_embed_requests_failed_total", model="embedder") == 1
     assert metric_sum(after, "triton_embed_tokens_per_second", model="embedder") > 0
     # execute-time buckets are cumulative: +Inf holds every observation
     assert delta("triton_embed_execute_seconds_bucket", model="embedder", le="+Inf") == delta(
-        "triton_embed_execute_seconds_count", model="embedder")
+        "triton_embed_execute_seconds_count", model="embedder"
+    )
 
 
 def test_embedder_instances_are_placed_where_the_doctor_plans(server):
     """numa_placement=auto: each instance's CPU affinity and memory node equal the plan."""
     stubs = embedder_stubs(server)
     server_cpus = sorted(psutil.Process(server.process.pid).cpu_affinity())
-    plan = doctor.plan_placement(doctor.gather_host(process_cpus=lambda: server_cpus),
-                                 cpu_instances=len(stubs))
+    plan = doctor.plan_placement(
+        doctor.gather_host(process_cpus=lambda: server_cpus), cpu_instances=len(stubs)
+    )
     samples = scrape(server)
     assert len(stubs) == len(plan.instances) >= 2
     for name, stub in stubs.items():
         want = plan.instances[instance_index(name)]
         assert tuple(sorted(stub.cpu_affinity())) == want.cpus, name
-        threads_pinned = [t for t in stub.threads() if tuple(sorted(psutil.Process(t.id).cpu_affinity())) == want.cpus]
-        assert len(threads_pinned) >= len(stub.threads()) // 2, name  # the engine's threads inherit it
+        threads_pinned = [
+            t
+            for t in stub.threads()
+            if tuple(sorted(psutil.Process(t.id).cpu_affinity())) == want.cpus
+        ]
+        assert len(threads_pinned) >= len(stub.threads()) // 2, (
+            name
+        )  # the engine's threads inherit it
         numa_maps = open(f"/proc/{stub.pid}/numa_maps").read()
         assert f"bind:{want.numa_node}" in numa_maps, name  # memory bound to the node
-        placed = [s for s in samples if s.name == "triton_embed_instance_placement"
-                  and s.labels["model_instance"] == name]
+        placed = [
+            s
+            for s in samples
+            if s.name == "triton_embed_instance_placement" and s.labels["model_instance"] == name
+        ]
         assert len(placed) == 1 and placed[0].value == 1
         assert placed[0].labels["numa_node"] == str(want.numa_node)
         assert parse_cpu_list(placed[0].labels["cpus"]) == list(want.cpus)
-        events = {s.labels["event"] for s in samples if s.name == "triton_embed_numa_pages_total"
-                  and s.labels["model_instance"] == name}
+        events = {
+            s.labels["event"]
+            for s in samples
+            if s.name == "triton_embed_numa_pages_total" and s.labels["model_instance"] == name
+        }
         assert events == set(NUMA_EVENTS), name
     log = server.log_tail(200_000)
     for name in stubs:
-        assert re.search(rf"embedder {name}: .*placement \(auto\): NUMA node \d+, CPUs [\d,-]+, memory bound", log), name
+        assert re.search(
+            rf"embedder {name}: .*placement \(auto\): NUMA node \d+, CPUs [\d,-]+, memory bound",
+            log,
+        ), name
 
 
 @pytest.fixture(scope="module")
@@ -118,11 +142,19 @@ def priced_server(tmp_path_factory):
     plan = tmp / "plan.json"
     assert cli_main(["doctor", "--cpu-instances", "1", "--plan-out", str(plan)]) == 0
     repo = tmp / "repository"
-    shutil.copytree(REPO_ROOT / "model_repository", repo, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        REPO_ROOT / "model_repository", repo, ignore=shutil.ignore_patterns("__pycache__")
+    )
     config = repo / "embedder" / "config.pbtxt"
     text = config.read_text().replace("count: 2", "count: 1")
-    for key, value in (("numa_placement", str(plan)), ("hourly_price_usd", "0.36"), ("cost_window_s", "5")):
-        text, n = re.subn(rf'(key: "{key}", value: {{ string_value: )"[^"]*"', rf'\g<1>"{value}"', text)
+    for key, value in (
+        ("numa_placement", str(plan)),
+        ("hourly_price_usd", "0.36"),
+        ("cost_window_s", "5"),
+    ):
+        text, n = re.subn(
+            rf'(key: "{key}", value: {{ string_value: )"[^"]*"', rf'\g<1>"{value}"', text
+        )
         assert n == 1, key
     config.write_text(text)
     srv = TritonServer(model_repository=repo, ready_timeout_s=400)
@@ -144,11 +176,15 @@ def test_cost_gauge_follows_price_and_measured_throughput(priced_server):
     samples = scrape(srv)
     tps = metric_sum(samples, "triton_embed_tokens_per_second", model="embedder")
     cost = metric_sum(samples, "triton_embed_cost_per_million_tokens_usd", model="embedder")
-    assert metric_sum(samples, "triton_embed_hourly_price_usd", model="embedder") == pytest.approx(0.36)
+    assert metric_sum(samples, "triton_embed_hourly_price_usd", model="embedder") == pytest.approx(
+        0.36
+    )
     assert tps > 100
     # every series the shipped dashboard and alert rules read exists on a real server
-    shipped = "".join((REPO_ROOT / "scripts" / "monitoring" / f).read_text()
-                      for f in ("grafana_dashboard.json", "prometheus_rules.yml"))
+    shipped = "".join(
+        (REPO_ROOT / "scripts" / "monitoring" / f).read_text()
+        for f in ("grafana_dashboard.json", "prometheus_rules.yml")
+    )
     referenced = set(re.findall(r"\btriton_embed_[a-z_]+", shipped))
     names = {smp.name for smp in samples}
     missing = {r for r in referenced if r not in names and f"{r}_bucket" not in names}  # histogram
@@ -164,7 +200,9 @@ def test_cost_gauge_follows_price_and_measured_throughput(priced_server):
     time.sleep(5 + REPORT_INTERVAL_S + 0.5)
     samples = scrape(srv)
     assert metric_sum(samples, "triton_embed_tokens_per_second", model="embedder") == 0
-    assert np.isnan(metric_sum(samples, "triton_embed_cost_per_million_tokens_usd", model="embedder"))
+    assert np.isnan(
+        metric_sum(samples, "triton_embed_cost_per_million_tokens_usd", model="embedder")
+    )
 
 
 @pytest.mark.slow
@@ -176,19 +214,36 @@ def test_serve_script_per_numa_node_serves_and_stops(tmp_path):
     import urllib.request
 
     from triton_embed import EmbeddingClient
-    from triton_embed.launcher import free_port
+    from triton_embed_server.launcher import free_port
 
     http, grpc, metrics = free_port(), free_port(), free_port()
     log = open(tmp_path / "serve.log", "wb")
     proc = subprocess.Popen(
-        ["bash", str(REPO_ROOT / "scripts" / "serve.sh"), "--http-port", str(http), "--grpc-port", str(grpc),
-         "--metrics-port", str(metrics)],
-        env={**os.environ, "PER_NUMA_NODE": "1"}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            "bash",
+            str(REPO_ROOT / "scripts" / "serve.sh"),
+            "--http-port",
+            str(http),
+            "--grpc-port",
+            str(grpc),
+            "--metrics-port",
+            str(metrics),
+        ],
+        env={**os.environ, "PER_NUMA_NODE": "1"},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 400
         while time.monotonic() < deadline:
             try:
-                if urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=2).status == 200:
+                if (
+                    urllib.request.urlopen(
+                        f"http://127.0.0.1:{http}/v2/health/ready", timeout=2
+                    ).status
+                    == 200
+                ):
                     break
             except OSError:
                 pass

@@ -7,8 +7,7 @@ import shutil
 
 import numpy as np
 import pytest
-
-from triton_embed.launcher import REPO_ROOT, TritonServer
+from triton_embed_server.launcher import REPO_ROOT, TritonServer
 
 from .conftest import COSINE_MIN, MODEL_PATH, cosines, infer_embed
 
@@ -22,8 +21,11 @@ def test_a_copied_model_folder_serves_by_changing_model_path(tmp_path, reference
     shutil.copytree(REPO_ROOT / "model_repository", repo)
     for name in ("tokenizer", "embedder"):
         config = repo / name / "config.pbtxt"
-        text, n = re.subn(r'(key: "model_path", value: \{ string_value: ")[^"]*(")',
-                          rf"\g<1>{model_copy}\g<2>", config.read_text())
+        text, n = re.subn(
+            r'(key: "model_path", value: \{ string_value: ")[^"]*(")',
+            rf"\g<1>{model_copy}\g<2>",
+            config.read_text(),
+        )
         assert n == 1
         config.write_text(text.replace("count: 2", "count: 1"))
     with TritonServer(model_repository=repo) as server:

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-
-from triton_embed.launcher import REPO_ROOT
+from triton_embed_server.launcher import REPO_ROOT
 
 from .conftest import infer_embed
 
@@ -44,10 +43,28 @@ def test_perf_analyzer_reports_zero_errors(server):
     perf_analyzer = Path(sys.prefix) / "bin" / "perf_analyzer"
     data = REPO_ROOT / "perf" / "data" / "embed_input.json"
     proc = subprocess.run(
-        [str(perf_analyzer), "-m", "embed", "-i", "grpc", "-u", server.grpc_url,
-         "--input-data", str(data), "--concurrency-range", "2",
-         "--measurement-interval", "2000", "--stability-percentage", "100", "--max-trials", "3"],
-        capture_output=True, text=True, timeout=300,
+        [
+            str(perf_analyzer),
+            "-m",
+            "embed",
+            "-i",
+            "grpc",
+            "-u",
+            server.grpc_url,
+            "--input-data",
+            str(data),
+            "--concurrency-range",
+            "2",
+            "--measurement-interval",
+            "2000",
+            "--stability-percentage",
+            "100",
+            "--max-trials",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]

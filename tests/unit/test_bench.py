@@ -5,23 +5,34 @@ from __future__ import annotations
 import json
 import sys
 
-from triton_embed.launcher import REPO_ROOT, TritonServer
+from triton_embed_server.launcher import REPO_ROOT, TritonServer
 
 sys.path.insert(0, str(REPO_ROOT / "perf"))
 import bench  # noqa: E402
 
 
 def row(contender, tokens_s, length=50, batch=1, conc=4, errors=0):
-    return {"contender": contender, "length": length, "batch": batch, "concurrency": conc,
-            "tokens_s": tokens_s, "texts_s": tokens_s / length, "p50_ms": 1.0, "p99_ms": 2.0,
-            "errors": errors}
+    return {
+        "contender": contender,
+        "length": length,
+        "batch": batch,
+        "concurrency": conc,
+        "tokens_s": tokens_s,
+        "texts_s": tokens_s / length,
+        "p50_ms": 1.0,
+        "p99_ms": 2.0,
+        "errors": errors,
+    }
 
 
 ROWS = [
     row("engine", 10_000, batch=0, conc=0),
-    row("triton_pa", 8_000, conc=4), row("triton_pa", 9_200, conc=16),
+    row("triton_pa", 8_000, conc=4),
+    row("triton_pa", 9_200, conc=16),
     row("triton_pa", 9_900, conc=32, errors=1),  # runs with errors never count
-    row("triton_client", 7_000), row("vllm_float", 4_000), row("vllm_base64", 4_600),
+    row("triton_client", 7_000),
+    row("vllm_float", 4_000),
+    row("vllm_base64", 4_600),
 ]
 
 
@@ -42,7 +53,9 @@ def test_summary_reports_headline_ratios(tmp_path):
 
 def test_regression_guard_flags_drops_over_ten_percent(tmp_path):
     ref = tmp_path / "ref.json"
-    ref.write_text(json.dumps({"rows": [row("triton_pa", 10_000, conc=16), row("vllm_float", 4_000)]}))
+    ref.write_text(
+        json.dumps({"rows": [row("triton_pa", 10_000, conc=16), row("vllm_float", 4_000)]})
+    )
     drops = bench.compare([row("triton_pa", 8_900, conc=16), row("vllm_float", 3_700)], ref)
     assert len(drops) == 1 and "-11%" in drops[0] and "triton_pa" in drops[0]
     assert bench.compare([row("triton_pa", 9_100, conc=16)], ref) == []
@@ -55,7 +68,9 @@ def test_labels_and_mixed_length_key():
 def test_repository_variant_changes_only_the_asked_knobs(tmp_path):
     import re
 
-    repo = bench.repository_variant(str(tmp_path), embedder_count=4, tokenizer_count=2, embedder_delay_us=0)
+    repo = bench.repository_variant(
+        str(tmp_path), embedder_count=4, tokenizer_count=2, embedder_delay_us=0
+    )
     embedder = (repo / "embedder" / "config.pbtxt").read_text()
     tokenizer = (repo / "tokenizer" / "config.pbtxt").read_text()
     assert re.findall(r"count: (\d+), kind: KIND_CPU", embedder) == ["4"]
@@ -66,11 +81,17 @@ def test_repository_variant_changes_only_the_asked_knobs(tmp_path):
 
 
 def test_repository_variant_of_the_one_step_ablation_model(tmp_path):
-    repo = bench.repository_variant(str(tmp_path / "a"), ablation_model="embed_text", output_format="bytes")
+    repo = bench.repository_variant(
+        str(tmp_path / "a"), ablation_model="embed_text", output_format="bytes"
+    )
     assert [p.name for p in repo.iterdir()] == ["embed_text"]
-    assert 'key: "output_format", value: { string_value: "bytes" }' in (repo / "embed_text" / "config.pbtxt").read_text()
-    repo = bench.repository_variant(str(tmp_path / "b"), ablation_model="embed_text", output_format="json",
-                                    embedder_count=2)
+    assert (
+        'key: "output_format", value: { string_value: "bytes" }'
+        in (repo / "embed_text" / "config.pbtxt").read_text()
+    )
+    repo = bench.repository_variant(
+        str(tmp_path / "b"), ablation_model="embed_text", output_format="json", embedder_count=2
+    )
     text = (repo / "embed_text" / "config.pbtxt").read_text()
     assert '"json"' in text and "count: 2, kind: KIND_CPU" in text
 
@@ -83,8 +104,11 @@ def test_save_writes_json_and_csv(tmp_path):
 
 
 def test_incremental_chart_is_drawn(tmp_path):
-    rows = [row(step, t, batch=b, conc=c) for step, t in (("a", 3000), ("b", 5000))
-            for b, c in bench.ABLATION_LOAD]
+    rows = [
+        row(step, t, batch=b, conc=c)
+        for step, t in (("a", 3000), ("b", 5000))
+        for b, c in bench.ABLATION_LOAD
+    ]
     bench.plot_incremental(rows, tmp_path)
     assert (tmp_path / "incremental.png").stat().st_size > 1000
 

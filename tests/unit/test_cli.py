@@ -6,9 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from triton_embed.cli import build_parser, nearest, summarize
-
 
 # --- summarize ---------------------------------------------------------------------------
 
@@ -133,11 +131,33 @@ def test_parser_embed_defaults():
 
 
 def test_parser_embed_all_options():
-    args = build_parser().parse_args([
-        "embed", "c.jsonl", "--output", "o.npy", "--parquet", "o.parquet", "--batch-size", "64",
-        "--concurrency", "8", "--summary-json", "s.json", "--no-progress", "--url", "h:1",
-        "--model", "m", "--timeout-s", "2.5", "--format", "jsonl", "--field", "body",
-    ])
+    args = build_parser().parse_args(
+        [
+            "embed",
+            "c.jsonl",
+            "--output",
+            "o.npy",
+            "--parquet",
+            "o.parquet",
+            "--batch-size",
+            "64",
+            "--concurrency",
+            "8",
+            "--summary-json",
+            "s.json",
+            "--no-progress",
+            "--url",
+            "h:1",
+            "--model",
+            "m",
+            "--timeout-s",
+            "2.5",
+            "--format",
+            "jsonl",
+            "--field",
+            "body",
+        ]
+    )
     assert args.parquet == Path("o.parquet")
     assert args.batch_size == 64
     assert args.concurrency == 8
@@ -148,10 +168,20 @@ def test_parser_embed_all_options():
 
 
 def test_parser_query():
-    args = build_parser().parse_args([
-        "query", "first query", "second", "--embeddings", "e.npy", "--corpus", "c.txt", "-k", "3",
-        "--json",
-    ])
+    args = build_parser().parse_args(
+        [
+            "query",
+            "first query",
+            "second",
+            "--embeddings",
+            "e.npy",
+            "--corpus",
+            "c.txt",
+            "-k",
+            "3",
+            "--json",
+        ]
+    )
     assert args.command == "query"
     assert args.queries == ["first query", "second"]
     assert args.embeddings == Path("e.npy")
@@ -191,7 +221,6 @@ def test_parser_rejects(argv, capsys):
 def test_nearest_rejects_k_below_one():
     import numpy as np
     import pytest
-
     from triton_embed.cli import nearest
 
     with pytest.raises(ValueError, match="k must be >= 1, got 0"):

@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-
 from triton_embed.codec import (
     decode_embeddings,
     decode_token_ids,

@@ -5,37 +5,47 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from triton_embed.serving.config import TokenizerConfig, Truncation
-from triton_embed.serving.errors import EmptyTextError, InvalidUtf8Error, TooLongError
-from triton_embed.serving.tokenization import (
+from triton_embed_server.config import TokenizerConfig, Truncation
+from triton_embed_server.errors import (
+    EmptyTextError,
+    InvalidInputError,
+    InvalidUtf8Error,
+    TooLongError,
+)
+from triton_embed_server.tokenization import (
     TextRequest,
     TextTokenizer,
     Tokenized,
     parse_request_options,
 )
-from triton_embed.serving.errors import InvalidInputError
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    config = TokenizerConfig.from_model_config({"parameters": {"max_chars": {"string_value": "2000"}}})
+    config = TokenizerConfig.from_model_config(
+        {"parameters": {"max_chars": {"string_value": "2000"}}}
+    )
     return TextTokenizer(config)
 
 
 DOCUMENTED = (EmptyTextError, InvalidUtf8Error, TooLongError)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     texts=st.lists(st.binary(max_size=3000), min_size=1, max_size=4),
     truncation=st.sampled_from(list(Truncation)),
     allow_empty=st.booleans(),
     replace=st.booleans(),
 )
-def test_any_bytes_give_a_tokenization_or_a_documented_error(tokenizer, texts, truncation, allow_empty, replace):
-    request = TextRequest(texts=texts, truncation=truncation, allow_empty=allow_empty,
-                          replace_invalid_utf8=replace)
+def test_any_bytes_give_a_tokenization_or_a_documented_error(
+    tokenizer, texts, truncation, allow_empty, replace
+):
+    request = TextRequest(
+        texts=texts, truncation=truncation, allow_empty=allow_empty, replace_invalid_utf8=replace
+    )
     (result,) = tokenizer.tokenize_requests([request])
     if isinstance(result, Tokenized):
         assert len(result.token_ids) == len(texts)
@@ -48,7 +58,9 @@ def test_any_bytes_give_a_tokenization_or_a_documented_error(tokenizer, texts, t
         assert "text " in str(result)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(words=st.integers(min_value=0, max_value=700))
 def test_any_length_gives_a_vector_sized_input_or_too_long(tokenizer, words):
     text = ("word " * words).encode()
@@ -63,8 +75,12 @@ def test_any_length_gives_a_vector_sized_input_or_too_long(tokenizer, words):
         assert none.num_tokens == [words + 2]
 
 
-@given(st.dictionaries(st.sampled_from(["truncation", "allow_empty", "invalid_utf8", "priority"]),
-                       st.one_of(st.text(max_size=8), st.booleans(), st.integers())))
+@given(
+    st.dictionaries(
+        st.sampled_from(["truncation", "allow_empty", "invalid_utf8", "priority"]),
+        st.one_of(st.text(max_size=8), st.booleans(), st.integers()),
+    )
+)
 def test_request_options_parse_or_raise_invalid_input(params):
     try:
         options = parse_request_options(params)

@@ -6,22 +6,22 @@ import json
 from pathlib import Path
 
 import pytest
-
 from triton_embed.corpus import read_fortunes, read_texts, write_jsonl
-
 
 # --- read_texts: text --------------------------------------------------------------------
 
 
 def test_text_one_per_line_blank_lines_skipped(tmp_path):
     f = tmp_path / "c.txt"
-    f.write_text("first line\n\n   \nsecond  line  \n\tthird\nlast without newline", encoding="utf-8")
+    f.write_text(
+        "first line\n\n   \nsecond  line  \n\tthird\nlast without newline", encoding="utf-8"
+    )
     assert read_texts(f) == ["first line", "second  line  ", "\tthird", "last without newline"]
 
 
 def test_text_crlf_and_unicode(tmp_path):
     f = tmp_path / "c.txt"
-    f.write_bytes("caf\u00e9\r\n\r\n\u65e5\u672c\u8a9e\r\n".encode("utf-8"))
+    f.write_bytes("caf\u00e9\r\n\r\n\u65e5\u672c\u8a9e\r\n".encode())
     assert read_texts(f, "text") == ["caf\u00e9", "\u65e5\u672c\u8a9e"]
 
 

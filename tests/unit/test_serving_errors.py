@@ -5,8 +5,7 @@ from __future__ import annotations
 import types
 
 import pytest
-
-from triton_embed.serving.errors import (
+from triton_embed_server.errors import (
     EmbedServingError,
     EmptyTextError,
     EngineError,

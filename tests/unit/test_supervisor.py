@@ -1,11 +1,21 @@
 from __future__ import annotations
 
-from triton_embed.serving.supervisor import option_value, server_arguments, stub_model_name
+from triton_embed_server.supervisor import option_value, server_arguments, stub_model_name
 
 
 def test_stub_model_name_reads_the_model_folder():
-    cmd = ["/x/backends/python/triton_python_backend_stub", "/repo/model_repository/embedder/1/model.py",
-           "triton_python_backend_shm_region_1", "1048576", "1048576", "123", "/x", "336", "embedder_0_1", "DEFAULT"]
+    cmd = [
+        "/x/backends/python/triton_python_backend_stub",
+        "/repo/model_repository/embedder/1/model.py",
+        "triton_python_backend_shm_region_1",
+        "1048576",
+        "1048576",
+        "123",
+        "/x",
+        "336",
+        "embedder_0_1",
+        "DEFAULT",
+    ]
     assert stub_model_name(cmd) == "embedder"
     assert stub_model_name(["/usr/bin/python", "x.py"]) is None
     assert stub_model_name([]) is None
@@ -20,5 +30,11 @@ def test_option_value_last_wins_and_equals_form():
 
 def test_server_arguments_adds_explicit_model_control_unless_given():
     assert server_arguments(["--model-repository", "r"]) == [
-        "--model-repository", "r", "--model-control-mode", "explicit", "--load-model", "*"]
+        "--model-repository",
+        "r",
+        "--model-control-mode",
+        "explicit",
+        "--load-model",
+        "*",
+    ]
     assert server_arguments(["--model-control-mode=poll"]) == ["--model-control-mode=poll"]

@@ -6,20 +6,19 @@ import copy
 from dataclasses import replace
 
 import pytest
-
-from triton_embed.serving.config import TokenizerConfig, Truncation
-from triton_embed.serving.errors import (
+from triton_embed_server.config import TokenizerConfig, Truncation
+from triton_embed_server.errors import (
     EmbedServingError,
     EmptyTextError,
     InvalidUtf8Error,
     TooLongError,
 )
-from triton_embed.serving.tokenization import (
+from triton_embed_server.tokenization import (
     TextRequest,
     TextTokenizer,
-    load_tokenizer,
     Tokenized,
     decode_text,
+    load_tokenizer,
 )
 
 CLS, SEP = 101, 102
@@ -58,9 +57,7 @@ def hf_left(config):
 
 @pytest.fixture(scope="module")
 def small_chars_tok(tok) -> TextTokenizer:
-    cfg = TokenizerConfig.from_model_config(
-        {"parameters": {"max_chars": {"string_value": "50"}}}
-    )
+    cfg = TokenizerConfig.from_model_config({"parameters": {"max_chars": {"string_value": "50"}}})
     assert cfg.max_chars == 50
     return TextTokenizer(cfg)
 
@@ -95,7 +92,9 @@ def test_texts_have_expected_lengths(hf):
 # --- agreement with transformers ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("text", [SHORT, AT_LIMIT, ONE_OVER, LONG], ids=["short", "at", "over1", "long"])
+@pytest.mark.parametrize(
+    "text", [SHORT, AT_LIMIT, ONE_OVER, LONG], ids=["short", "at", "over1", "long"]
+)
 def test_end_truncation_matches_hf(tok, hf, text):
     result = one(tok, [text], truncation=Truncation.END)
     assert isinstance(result, Tokenized)
@@ -105,7 +104,9 @@ def test_end_truncation_matches_hf(tok, hf, text):
     assert result.num_input_tokens == [hf_untruncated_count(hf, text)]
 
 
-@pytest.mark.parametrize("text", [SHORT, AT_LIMIT, ONE_OVER, LONG], ids=["short", "at", "over1", "long"])
+@pytest.mark.parametrize(
+    "text", [SHORT, AT_LIMIT, ONE_OVER, LONG], ids=["short", "at", "over1", "long"]
+)
 def test_start_truncation_matches_hf_left(tok, hf, hf_left, text):
     result = one(tok, [text], truncation=Truncation.START)
     assert isinstance(result, Tokenized)

@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from triton_embed.topology import (
+from triton_embed_server.topology import (
     TopologyParseError,
     core_groups,
     cpu_ranges_of,
@@ -355,7 +355,9 @@ def test_parse_cpu_list():
     assert parse_cpu_ranges("0-15,32-47") == ((0, 15), (32, 47))
 
 
-@pytest.mark.parametrize("bad", ["a", "0-", "-3", "3-1", "0-3,,4", "0..3", "0-3;4", "0-9999999", "8192"])
+@pytest.mark.parametrize(
+    "bad", ["a", "0-", "-3", "3-1", "0-3,,4", "0..3", "0-3;4", "0-9999999", "8192"]
+)
 def test_parse_cpu_list_rejects(bad):
     with pytest.raises(TopologyParseError, match="CPU"):
         parse_cpu_list(bad, "test source")

@@ -12,19 +12,17 @@ import locale
 locale.setlocale(locale.LC_ALL, "C.UTF-8")
 
 import json  # noqa: E402
-import os  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import triton_python_backend_utils as pb_utils  # noqa: E402
-
 from triton_embed import codec  # noqa: E402
-from triton_embed.serving import engine as engine_mod  # noqa: E402
-from triton_embed.serving import placement as placement_mod  # noqa: E402
-from triton_embed.serving.batching import flatten, split  # noqa: E402
-from triton_embed.serving.config import EmbedderConfig  # noqa: E402
-from triton_embed.serving.errors import EmbedServingError, to_triton_error  # noqa: E402
-from triton_embed.serving.metrics import InstanceReporter, StepMetrics  # noqa: E402
+from triton_embed_server import engine as engine_mod  # noqa: E402
+from triton_embed_server import placement as placement_mod  # noqa: E402
+from triton_embed_server.batching import flatten, split  # noqa: E402
+from triton_embed_server.config import EmbedderConfig  # noqa: E402
+from triton_embed_server.errors import EmbedServingError, to_triton_error  # noqa: E402
+from triton_embed_server.metrics import InstanceReporter, StepMetrics  # noqa: E402
 
 
 class TritonPythonModel:
@@ -39,13 +37,17 @@ class TritonPythonModel:
         # Where this replica runs (numa_placement), applied before vLLM/torch start their
         # threads, which inherit the CPU and memory binding.
         placement, env = placement_mod.place_instance(
-            self.config, args.get("model_instance_kind", "CPU"), engine_mod.instance_index(name),
+            self.config,
+            args.get("model_instance_kind", "CPU"),
+            engine_mod.instance_index(name),
             int(args.get("model_instance_device_id", 0) or 0),
         )
         self.engine = engine_mod.PoolingEngine(self.config)
         self.metrics = StepMetrics(pb_utils, "embedder", name)
         self.reporter = InstanceReporter(
-            self.metrics, list(placement.numa_nodes), placement.labels(),
+            self.metrics,
+            list(placement.numa_nodes),
+            placement.labels(),
             hourly_price_usd=self.config.hourly_price_usd / self.config.instances_per_device,
             window_s=self.config.cost_window_s,
         )
@@ -61,7 +63,9 @@ class TritonPythonModel:
         responses = [None] * len(requests)
         valid, token_ids = [], []
         for r, request in enumerate(requests):
-            payloads = pb_utils.get_input_tensor_by_name(request, "TOKEN_IDS").as_numpy().reshape(-1)
+            payloads = (
+                pb_utils.get_input_tensor_by_name(request, "TOKEN_IDS").as_numpy().reshape(-1)
+            )
             try:
                 ids = engine_mod.decode_request_token_ids(
                     [bytes(p) for p in payloads], self.engine.vocab_size, self.config.max_length
@@ -95,6 +99,7 @@ class TritonPythonModel:
 
     def finalize(self):
         """Free the metric families while the stub can still reach Triton (freeing them at
-        interpreter exit crashes the 2.51 stub)."""
+        interpreter exit crashes the 2.51 stub).
+        """
         self.metrics.stop()
         self.reporter = self.metrics = None

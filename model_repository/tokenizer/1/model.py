@@ -1,7 +1,7 @@
 """Triton Python-backend adapter of the ``tokenizer`` step: TEXT -> TOKEN_IDS, NUM_TOKENS.
 
-Decodes tensors, calls :class:`triton_embed.serving.tokenization.TextTokenizer`, encodes
-tensors. All logic lives in the importable ``triton_embed.serving`` package.
+Decodes tensors, calls :class:`triton_embed_server.tokenization.TextTokenizer`, encodes
+tensors. All logic lives in the importable ``triton_embed_server`` package.
 """
 
 import locale
@@ -16,12 +16,11 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
-
 from triton_embed import codec  # noqa: E402
-from triton_embed.serving.config import TokenizerConfig  # noqa: E402
-from triton_embed.serving.errors import EmbedServingError, to_triton_error  # noqa: E402
-from triton_embed.serving.metrics import StepMetrics  # noqa: E402
-from triton_embed.serving.tokenization import (  # noqa: E402
+from triton_embed_server.config import TokenizerConfig  # noqa: E402
+from triton_embed_server.errors import EmbedServingError, to_triton_error  # noqa: E402
+from triton_embed_server.metrics import StepMetrics  # noqa: E402
+from triton_embed_server.tokenization import (  # noqa: E402
     TextRequest,
     TextTokenizer,
     parse_request_options,
@@ -63,7 +62,9 @@ class TritonPythonModel:
         for result in results:
             if isinstance(result, Exception):
                 self.metrics.failure(result)
-                responses.append(pb_utils.InferenceResponse(error=to_triton_error(result, pb_utils)))
+                responses.append(
+                    pb_utils.InferenceResponse(error=to_triton_error(result, pb_utils))
+                )
                 continue
             batch_texts += len(result.token_ids)
             batch_tokens += sum(result.num_tokens)
@@ -87,6 +88,7 @@ class TritonPythonModel:
 
     def finalize(self):
         """Free the metric families while the stub can still reach Triton (freeing them at
-        interpreter exit crashes the 2.51 stub)."""
+        interpreter exit crashes the 2.51 stub).
+        """
         self.metrics.stop()
         self.metrics = None

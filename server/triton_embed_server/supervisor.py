@@ -16,7 +16,7 @@ to 2.51:
 * if the reload fails ``--max-reloads`` times in a row, it stops the server (exit code 70)
   so an orchestrator restarts it rather than leaving it "ready" while failing.
 
-    python -m triton_embed.serving.supervisor [--poll-s 1] -- <tritonserver arguments>
+    python -m triton_embed_server.supervisor [--poll-s 1] -- <tritonserver arguments>
 """
 
 from __future__ import annotations
@@ -109,9 +109,12 @@ class Supervisor:
             "string_value": str(self.generation)
         }
         body = json.dumps({"parameters": {"config": json.dumps(config)}}).encode()
-        req = urllib.request.Request(f"{self.http}/v2/repository/models/{model}/load",
-                                     data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"{self.http}/v2/repository/models/{model}/load",
+            data=body,
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(req, timeout=600) as r:
                 return r.status == 200
@@ -152,7 +155,9 @@ class Supervisor:
         expected = dict(running)
         for model in running:
             try:
-                with urllib.request.urlopen(f"{self.http}/v2/models/{model}/config", timeout=10) as r:
+                with urllib.request.urlopen(
+                    f"{self.http}/v2/models/{model}/config", timeout=10
+                ) as r:
                     config = json.loads(r.read())
             except (OSError, ValueError):
                 continue
@@ -192,8 +197,10 @@ class Supervisor:
             for model, want in sorted(expected.items()):
                 if alive.get(model, 0) >= want or self._stop.is_set():
                     continue
-                self.log(f"model {model!r} has {alive.get(model, 0)} of {want} stub processes "
-                         f"alive; reloading {model!r}")
+                self.log(
+                    f"model {model!r} has {alive.get(model, 0)} of {want} stub processes "
+                    f"alive; reloading {model!r}"
+                )
                 t0 = time.monotonic()
                 old = {pid for pid, m in self.stubs().items() if m == model}
                 if self._load(model):
@@ -204,7 +211,9 @@ class Supervisor:
                 else:
                     failures += 1
                     if failures >= self.max_reloads:
-                        self.log(f"{failures} reloads failed; stopping the server so it can be restarted")
+                        self.log(
+                            f"{failures} reloads failed; stopping the server so it can be restarted"
+                        )
                         self.process.send_signal(signal.SIGTERM)
                         self.process.wait()
                         return EXIT_RELOAD_FAILED
@@ -212,7 +221,8 @@ class Supervisor:
 
     def _reap_stubs(self, grace_s: float = 10.0) -> None:
         """Kill the stubs a stopped tritonserver left behind (seen after a failed start:
-        the embedder stubs outlive the server and ignore SIGTERM)."""
+        the embedder stubs outlive the server and ignore SIGTERM).
+        """
         import psutil
 
         deadline = time.monotonic() + grace_s
@@ -267,10 +277,14 @@ class Supervisor:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: ``[--poll-s S] [--max-reloads N] -- tritonserver-args...``."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    own, server_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else ([], argv)
-    parser = argparse.ArgumentParser(prog="python -m triton_embed.serving.supervisor")
+    own, server_args = (
+        (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else ([], argv)
+    )
+    parser = argparse.ArgumentParser(prog="python -m triton_embed_server.supervisor")
     parser.add_argument("--poll-s", type=float, default=1.0, help="seconds between checks")
-    parser.add_argument("--max-reloads", type=int, default=3, help="failed reloads before giving up")
+    parser.add_argument(
+        "--max-reloads", type=int, default=3, help="failed reloads before giving up"
+    )
     parser.add_argument("--tritonserver", default=str(Path(sys.prefix) / "bin" / "tritonserver"))
     opts = parser.parse_args(own)
     command = [opts.tritonserver, *server_arguments(server_args)]

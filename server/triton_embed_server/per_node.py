@@ -13,7 +13,7 @@ Requests are not routed between the servers by this process: each server is a co
 endpoints it prints (README, "Operations").
 
     PER_NUMA_NODE=1 scripts/serve.sh [tritonserver arguments]
-    python -m triton_embed.serving.per_node --dry-run      # print the commands only
+    python -m triton_embed_server.per_node --dry-run      # print the commands only
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from triton_embed.serving.supervisor import option_value
+from triton_embed_server.supervisor import option_value
 
 BASE_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 PORT_STEP = 10
@@ -58,33 +58,51 @@ def embedder_count(repository: Path, config_name: str | None) -> int:
     return int(match.group(1))
 
 
-def node_servers(plan: dict, tritonserver_args: list[str], bind_address: str = "127.0.0.1",
-                 base_ports: dict[str, int] = BASE_PORTS, port_step: int = PORT_STEP) -> list[NodeServer]:
+def node_servers(
+    plan: dict,
+    tritonserver_args: list[str],
+    bind_address: str = "127.0.0.1",
+    base_ports: dict[str, int] = BASE_PORTS,
+    port_step: int = PORT_STEP,
+) -> list[NodeServer]:
     """The server commands of a placement plan (``PlacementPlan.to_dict()``).
 
-    Each runs ``python -m triton_embed.serving.supervisor -- <tritonserver_args> <ports>``
+    Each runs ``python -m triton_embed_server.supervisor -- <tritonserver_args> <ports>``
     behind the plan's ``numactl_prefix`` (none on a single-node host).
     """
     servers = []
     for k, planned in enumerate(plan.get("servers") or [{}]):
         ports = {name: port + port_step * k for name, port in base_ports.items()}
-        argv = [*(planned.get("numactl_prefix") or []), sys.executable, "-m",
-                "triton_embed.serving.supervisor", "--", *tritonserver_args]
+        argv = [
+            *(planned.get("numactl_prefix") or []),
+            sys.executable,
+            "-m",
+            "triton_embed_server.supervisor",
+            "--",
+            *tritonserver_args,
+        ]
         for name in ("http", "grpc", "metrics"):
             argv += [f"--{name}-address", bind_address, f"--{name}-port", str(ports[name])]
-        servers.append(NodeServer(planned.get("numa_node"), argv, dict(planned.get("env") or {}), ports))
+        servers.append(
+            NodeServer(planned.get("numa_node"), argv, dict(planned.get("env") or {}), ports)
+        )
     return servers
 
 
 def main(argv: list[str] | None = None) -> int:
     """Plan, start the servers, forward SIGINT/SIGTERM to them, exit with the worst code."""
-    from triton_embed import doctor
+    from triton_embed_server import doctor
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--bind-address", default=os.environ.get("BIND_ADDRESS", "127.0.0.1"))
     parser.add_argument("--dry-run", action="store_true", help="print the commands, start nothing")
-    parser.add_argument("tritonserver_args", nargs=argparse.REMAINDER,
-                        help="after --: arguments for every server (--model-repository is required)")
+    parser.add_argument(
+        "tritonserver_args",
+        nargs=argparse.REMAINDER,
+        help="after --: arguments for every server (--model-repository is required)",
+    )
     args = parser.parse_args(argv)
     rest = [a for a in args.tritonserver_args if a != "--"]
     repository = Path(option_value(rest, "--model-repository", "model_repository"))
@@ -92,17 +110,26 @@ def main(argv: list[str] | None = None) -> int:
     try:
         count = embedder_count(repository, config_name)
     except (OSError, ValueError) as exc:
-        print(f"per_node: error: cannot read the embedder config of {repository}: {exc}", file=sys.stderr)
+        print(
+            f"per_node: error: cannot read the embedder config of {repository}: {exc}",
+            file=sys.stderr,
+        )
         return 1
     host = doctor.gather_host()
     plan = doctor.plan_placement(host, instances_per_gpu=count, cpu_instances=count).to_dict()
-    base = {name: int(option_value(rest, f"--{name}-port", str(port))) for name, port in BASE_PORTS.items()}
+    base = {
+        name: int(option_value(rest, f"--{name}-port", str(port)))
+        for name, port in BASE_PORTS.items()
+    }
     servers = node_servers(plan, rest, args.bind_address, base)
     for s in servers:
         node = "any node" if s.numa_node is None else f"NUMA node {s.numa_node}"
         env = " ".join(f"{k}={v}" for k, v in s.env.items())
-        print(f"per_node: {node}: grpc {args.bind_address}:{s.ports['grpc']}, http :{s.ports['http']}, "
-              f"metrics :{s.ports['metrics']}: {env} {' '.join(s.argv)}".replace("  ", " "), flush=True)
+        print(
+            f"per_node: {node}: grpc {args.bind_address}:{s.ports['grpc']}, http :{s.ports['http']}, "
+            f"metrics :{s.ports['metrics']}: {env} {' '.join(s.argv)}".replace("  ", " "),
+            flush=True,
+        )
     if args.dry_run:
         return 0
     procs = [subprocess.Popen(s.argv, env={**os.environ, **s.env}) for s in servers]
@@ -123,8 +150,11 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(1)
     server, code = done[0]
     if len(done) < len(procs) or code:
-        print(f"per_node: the server of NUMA node {server.numa_node} exited with {code}; stopping the others",
-              file=sys.stderr, flush=True)
+        print(
+            f"per_node: the server of NUMA node {server.numa_node} exited with {code}; stopping the others",
+            file=sys.stderr,
+            flush=True,
+        )
     forward(signal.SIGTERM, None)
     codes = [p.wait() for p in procs]
     return next((c for c in codes if c), 0)

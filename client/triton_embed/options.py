@@ -1,0 +1,176 @@
+"""The request options of the ``embed`` ensemble, defined once.
+
+A request's options travel as KServe v2 request ``parameters`` (gRPC ``parameters=`` of
+``infer()``, HTTP ``"parameters": {...}``); the ensemble forwards them to its ``tokenizer``
+step. This module holds their names, allowed values and defaults, and the one parser of
+their values. The client library and the CLI build requests with it; the server's tokenizer
+step (``triton_embed_server.tokenization``) parses them with it.
+
+========================  ==========================  ==========================================
+parameter                 values (case-insensitive)   when absent
+========================  ==========================  ==========================================
+``truncation``            ``NONE``, ``END``,          the ``tokenizer`` model's ``truncation``
+                          ``START``                   parameter (``END`` unless configured)
+``allow_empty``           ``true``/``false`` (bool,   the ``tokenizer`` model's ``allow_empty``
+                          or ``1``/``0``)             parameter (``false`` unless configured)
+``invalid_utf8``          ``error``, ``replace``      ``error``
+========================  ==========================  ==========================================
+
+A value outside its allowed set is an error that names the parameter, the value and the
+allowed values. Parameters with other names are not options of this service (Triton adds
+its own, such as ``sequence_id`` or ``priority``) and are left alone.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+TRUNCATION = "truncation"
+ALLOW_EMPTY = "allow_empty"
+INVALID_UTF8 = "invalid_utf8"
+#: The request-parameter names this service reads, in documentation order.
+NAMES = (TRUNCATION, ALLOW_EMPTY, INVALID_UTF8)
+
+_TRUE = ("true", "1")
+_FALSE = ("false", "0")
+
+
+class Truncation(str, enum.Enum):
+    """What to do with a text longer than the token budget (TEI's and vLLM's terms)."""
+
+    NONE = "NONE"  # an over-long text is an error
+    END = "END"  # keep the start, cut the end
+    START = "START"  # keep the end, cut the start
+
+    @classmethod
+    def parse(cls, value: Any, what: str = TRUNCATION) -> Truncation:
+        """Parse ``NONE`` / ``END`` / ``START`` (case-insensitive, surrounding blanks ignored).
+
+        Args:
+            value: the raw value (a :class:`Truncation`, or anything whose ``str`` is one).
+            what: how the error message names the value, e.g. ``"parameter truncation"``.
+
+        Raises:
+            ValueError: another value (names ``what``, the value and the allowed values).
+        """
+        try:
+            return cls(str(value.value if isinstance(value, cls) else value).strip().upper())
+        except ValueError:
+            allowed = ", ".join(m.value for m in cls)
+            raise ValueError(f"{what}={value!r} is not one of {allowed}") from None
+
+
+class InvalidUtf8(str, enum.Enum):
+    """What to do with a text whose bytes are not valid UTF-8."""
+
+    ERROR = "error"  # the request fails with INVALID_ARG naming the text and byte offset
+    REPLACE = "replace"  # each invalid sequence becomes U+FFFD
+
+    @classmethod
+    def parse(cls, value: Any, what: str = INVALID_UTF8) -> InvalidUtf8:
+        """Parse ``error`` / ``replace`` (case-insensitive, surrounding blanks ignored).
+
+        Args:
+            value: the raw value (an :class:`InvalidUtf8`, or anything whose ``str`` is one).
+            what: how the error message names the value.
+
+        Raises:
+            ValueError: another value (names ``what``, the value and the allowed values).
+        """
+        try:
+            return cls(str(value.value if isinstance(value, cls) else value).strip().lower())
+        except ValueError:
+            allowed = ", ".join(m.value for m in cls)
+            raise ValueError(f"{what}={value!r} is not one of {allowed}") from None
+
+
+DEFAULT_TRUNCATION = Truncation.END
+DEFAULT_ALLOW_EMPTY = False
+DEFAULT_INVALID_UTF8 = InvalidUtf8.ERROR
+
+
+def parse_flag(value: Any, what: str = ALLOW_EMPTY) -> bool:
+    """Parse a boolean option: ``True``/``False``, or ``true``/``false``/``1``/``0``.
+
+    Args:
+        value: the raw value (gRPC ``bool_param``, ``int64_param`` or ``string_param``;
+            strings are case-insensitive, surrounding blanks ignored).
+        what: how the error message names the value.
+
+    Raises:
+        ValueError: another value (names ``what`` and the value).
+    """
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError(f"{what}={value!r} must be true or false")
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    """One request's options; ``None`` means "not set: the server's default applies".
+
+    Values are parsed on construction, so ``RequestOptions(truncation="start")`` holds
+    :attr:`Truncation.START`.
+
+    Attributes:
+        truncation: over-long texts (``NONE`` errors, ``END`` keeps the start, ``START``
+            keeps the end).
+        allow_empty: embed empty texts instead of rejecting them.
+        invalid_utf8: reject (``error``) or replace with U+FFFD (``replace``) invalid UTF-8.
+
+    Raises:
+        ValueError: a value outside its allowed set (names the option and the allowed values).
+    """
+
+    truncation: Truncation | None = None
+    allow_empty: bool | None = None
+    invalid_utf8: InvalidUtf8 | None = None
+
+    def __post_init__(self) -> None:
+        if self.truncation is not None:
+            object.__setattr__(self, "truncation", Truncation.parse(self.truncation))
+        if self.allow_empty is not None:
+            object.__setattr__(self, "allow_empty", parse_flag(self.allow_empty))
+        if self.invalid_utf8 is not None:
+            object.__setattr__(self, "invalid_utf8", InvalidUtf8.parse(self.invalid_utf8))
+
+    @classmethod
+    def from_parameters(cls, parameters: Mapping[str, Any]) -> RequestOptions:
+        """Read the options from a request's parameters.
+
+        Args:
+            parameters: the request's KServe v2 parameters, e.g. ``{"truncation": "NONE"}``.
+                Keys other than :data:`NAMES` are ignored.
+
+        Raises:
+            ValueError: an option has a value outside its allowed set; the message starts
+                with ``request parameter <name>=<value>`` and lists the allowed values.
+        """
+        try:
+            return cls(**{name: parameters[name] for name in NAMES if name in parameters})
+        except ValueError as exc:
+            raise ValueError(f"request parameter {exc}") from None
+
+    def to_parameters(self) -> dict[str, str | bool]:
+        """The request parameters to send: only the options that are set.
+
+        Returns:
+            ``{"truncation": "NONE" | "END" | "START", "allow_empty": bool,
+            "invalid_utf8": "error" | "replace"}``, without the keys that are ``None``.
+        """
+        out: dict[str, str | bool] = {}
+        if self.truncation is not None:
+            out[TRUNCATION] = self.truncation.value
+        if self.allow_empty is not None:
+            out[ALLOW_EMPTY] = self.allow_empty
+        if self.invalid_utf8 is not None:
+            out[INVALID_UTF8] = self.invalid_utf8.value
+        return out

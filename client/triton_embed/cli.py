@@ -20,6 +20,7 @@ from triton_embed_server.doctor import CAPTURE_FILES_HELP, run_doctor
 from triton_embed.client import DEFAULT_MODEL, DEFAULT_URL, EmbeddingClient
 from triton_embed.corpus import read_texts
 from triton_embed.errors import EmbedClientError
+from triton_embed.options import DEFAULT_TRUNCATION, Truncation
 
 
 def positive_int(raw: str) -> int:
@@ -41,10 +42,11 @@ def _add_connection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout-s", type=float, default=120.0, help="per-request deadline, seconds")
     p.add_argument(
         "--truncation",
-        choices=("NONE", "END", "START"),
+        type=str.upper,
+        choices=[t.value for t in Truncation],
         default=None,
         help="over-long texts: NONE = error, END = keep the start, START = keep the "
-        "end (default: the server's, END)",
+        f"end (default: the server's, {DEFAULT_TRUNCATION.value} unless configured)",
     )
     p.add_argument(
         "--allow-empty",
@@ -283,7 +285,7 @@ def run_query(args: argparse.Namespace) -> list[dict]:
     ) as client:
         qv = client.embed(args.queries)
     results = []
-    for query, hits in zip(args.queries, nearest(vectors, qv, args.top_k)):
+    for query, hits in zip(args.queries, nearest(vectors, qv, args.top_k), strict=True):
         results.append(
             {
                 "query": query,

@@ -25,6 +25,7 @@ from triton_embed.errors import (
     InvalidInputError,
     ServerUnavailableError,
 )
+from triton_embed.options import InvalidUtf8, RequestOptions, Truncation
 
 DEFAULT_URL = "127.0.0.1:8001"
 DEFAULT_MODEL = "embed"
@@ -65,13 +66,18 @@ class EmbeddingClient:
         max_concurrency: requests in flight at once.
         batch_size: texts per request; ``None`` uses the server's ``max_batch_size``.
             Larger values are capped at it.
-        truncation: ``NONE`` / ``END`` / ``START`` sent as the request parameter
-            ``truncation``; ``None`` keeps the server default (``END``).
-        allow_empty: send ``allow_empty`` (embed empty texts instead of rejecting them).
+        truncation: ``NONE`` / ``END`` / ``START`` (case-insensitive), sent as the request
+            parameter ``truncation``; ``None`` keeps the server default (``END`` unless the
+            tokenizer model is configured otherwise).
+        allow_empty: sent as ``allow_empty``: embed empty texts instead of rejecting them;
+            ``None`` keeps the server default (``false`` unless configured otherwise).
         invalid_utf8: ``error`` or ``replace`` (U+FFFD) for ``bytes`` texts that are not
             valid UTF-8; ``None`` keeps the server default (``error``).
 
+    The option names, values and defaults are those of :mod:`triton_embed.options`.
+
     Raises:
+        InvalidInputError: an option outside its allowed values, or ``batch_size`` < 1.
         ServerUnavailableError: the server cannot be reached or the model is not ready.
     """
 
@@ -82,25 +88,17 @@ class EmbeddingClient:
         timeout_s: float = 120.0,
         max_concurrency: int = 4,
         batch_size: int | None = None,
-        truncation: str | None = None,
+        truncation: Truncation | str | None = None,
         allow_empty: bool | None = None,
-        invalid_utf8: str | None = None,
+        invalid_utf8: InvalidUtf8 | str | None = None,
     ):
         import tritonclient.grpc as grpcclient
 
-        self.parameters: dict[str, str | bool] = {}
-        if truncation is not None:
-            if str(truncation).upper() not in ("NONE", "END", "START"):
-                raise InvalidInputError(f"truncation={truncation!r} is not one of NONE, END, START")
-            self.parameters["truncation"] = str(truncation).upper()
-        if allow_empty is not None:
-            self.parameters["allow_empty"] = bool(allow_empty)
-        if invalid_utf8 is not None:
-            if invalid_utf8 not in ("error", "replace"):
-                raise InvalidInputError(
-                    f"invalid_utf8={invalid_utf8!r} is not one of error, replace"
-                )
-            self.parameters["invalid_utf8"] = invalid_utf8
+        try:
+            self.options = RequestOptions(truncation, allow_empty, invalid_utf8)
+        except ValueError as exc:
+            raise InvalidInputError(str(exc)) from None
+        self.parameters = self.options.to_parameters()
 
         self._grpc = grpcclient
         self.url = url

@@ -3,6 +3,10 @@
 Every error that belongs to one request is raised as a subclass of :class:`EmbedServingError`
 and turned into that request's ``pb_utils.InferenceResponse(error=...)`` by
 :func:`to_triton_error`; the other requests of the same dynamic batch are still served.
+
+These are server-side classes. The client library has its own errors
+(:mod:`triton_embed.errors`): a request refused here with ``INVALID_ARG`` reaches a client
+as :class:`triton_embed.errors.InvalidInputError`.
 """
 
 from __future__ import annotations
@@ -17,32 +21,36 @@ class EmbedServingError(Exception):
     reason = "internal"
 
 
-class InvalidInputError(EmbedServingError):
-    """The request's data breaks the input contract (KServe v2 ``INVALID_ARG``)."""
+class InvalidArgumentError(EmbedServingError):
+    """The request's data or options break the input contract (Triton ``INVALID_ARG``).
+
+    Raised as is for a request option outside its allowed values; its subclasses name the
+    other rules.
+    """
 
     code = "INVALID_ARG"
     reason = "invalid_input"
 
 
-class EmptyTextError(InvalidInputError):
+class EmptyTextError(InvalidArgumentError):
     """A text is empty and the request did not opt in to empty texts."""
 
     reason = "empty"
 
 
-class InvalidUtf8Error(InvalidInputError):
+class InvalidUtf8Error(InvalidArgumentError):
     """A text's bytes are not valid UTF-8."""
 
     reason = "invalid_utf8"
 
 
-class TooLongError(InvalidInputError):
+class TooLongError(InvalidArgumentError):
     """A text has more tokens than the model accepts and truncation is ``NONE``."""
 
     reason = "too_long"
 
 
-class InvalidTokenIdsError(InvalidInputError):
+class InvalidTokenIdsError(InvalidArgumentError):
     """Token IDs sent to ``embedder`` are out of the vocabulary, too many, or malformed."""
 
     reason = "invalid_token_ids"

@@ -13,65 +13,47 @@ are kept, so a truncated text has exactly ``max_length`` tokens, the same IDs as
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from triton_embed.options import DEFAULT_INVALID_UTF8, InvalidUtf8, RequestOptions, Truncation
 
 from triton_embed_server.batching import flatten, split
-from triton_embed_server.config import TokenizerConfig, Truncation
+from triton_embed_server.config import TokenizerConfig
 from triton_embed_server.errors import (
     EmbedServingError,
     EmptyTextError,
-    InvalidInputError,
+    InvalidArgumentError,
     InvalidUtf8Error,
     TooLongError,
 )
 
-REQUEST_OPTIONS = ("truncation", "allow_empty", "invalid_utf8")
 # Applied only to texts longer than max_chars (see TextTokenizer._prepare).
 _LONG_WHITESPACE = re.compile(r"\s{64,}")
 
 
-def parse_request_options(parameters: dict) -> dict:
-    """Validate a request's parameters (KServe v2 request ``parameters``) for the tokenizer.
+def parse_request_options(parameters: Mapping[str, Any]) -> RequestOptions:
+    """Read a request's options from its KServe v2 request ``parameters``.
+
+    The names, allowed values and defaults are those of :mod:`triton_embed.options`.
 
     Args:
-        parameters: the request's parameters, e.g. ``{"truncation": "NONE"}``. Known keys:
-            ``truncation`` (``NONE``/``END``/``START``), ``allow_empty`` (bool or
-            ``"true"``/``"false"``), ``invalid_utf8`` (``error``/``replace``). Other keys
-            (Triton's own, such as ``sequence_id`` or ``priority``) are ignored.
+        parameters: the request's parameters, e.g. ``{"truncation": "NONE"}``. Keys that
+            are not options of this service (Triton's own, such as ``sequence_id`` or
+            ``priority``) are ignored.
 
     Returns:
-        Keyword arguments for :class:`TextRequest` (``truncation``, ``allow_empty``,
-        ``replace_invalid_utf8``), only those the request set.
+        The options the request set; the others are ``None`` (server default).
 
     Raises:
-        InvalidInputError: a known key has a value outside its allowed set.
+        InvalidArgumentError: an option has a value outside its allowed set (the message
+            names the parameter, the value and the allowed values).
     """
-    out: dict = {}
-    if "truncation" in parameters:
-        try:
-            out["truncation"] = Truncation.parse(
-                parameters["truncation"], "request parameter truncation"
-            )
-        except ValueError as exc:
-            raise InvalidInputError(str(exc)) from None
-    for key, target in (("allow_empty", "allow_empty"), ("invalid_utf8", "replace_invalid_utf8")):
-        if key not in parameters:
-            continue
-        raw = parameters[key]
-        value = str(raw).strip().lower()
-        if key == "invalid_utf8":
-            if value not in ("error", "replace"):
-                raise InvalidInputError(
-                    f"request parameter invalid_utf8={raw!r} is not one of error, replace"
-                )
-            out[target] = value == "replace"
-        else:
-            if value not in ("true", "false", "1", "0"):
-                raise InvalidInputError(f"request parameter {key}={raw!r} must be true or false")
-            out[target] = value in ("true", "1")
-    return out
+    try:
+        return RequestOptions.from_parameters(parameters)
+    except ValueError as exc:
+        raise InvalidArgumentError(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -81,16 +63,13 @@ class TextRequest:
     Attributes:
         texts: raw UTF-8 payloads, one per text, exactly as sent (NULs and control
             characters included).
-        truncation: per-request truncation, or ``None`` for the server default.
-        allow_empty: per-request opt-in to empty texts, or ``None`` for the server default.
-        replace_invalid_utf8: replace invalid UTF-8 with U+FFFD instead of rejecting it, or
-            ``None`` for the server default.
+        options: the request's options; an option left ``None`` takes the server default
+            (``truncation`` and ``allow_empty`` from :class:`TokenizerConfig`,
+            ``invalid_utf8`` from :data:`triton_embed.options.DEFAULT_INVALID_UTF8`).
     """
 
     texts: Sequence[bytes]
-    truncation: Truncation | None = None
-    allow_empty: bool | None = None
-    replace_invalid_utf8: bool | None = None
+    options: RequestOptions = field(default_factory=RequestOptions)
 
 
 @dataclass(frozen=True)
@@ -172,9 +151,10 @@ class TextTokenizer:
         valid: list[tuple[int, Truncation]] = []
         prepared: list[list[str]] = []
         for r, req in enumerate(requests):
-            truncation = req.truncation or self.config.truncation
-            allow_empty = self.config.allow_empty if req.allow_empty is None else req.allow_empty
-            replace = bool(req.replace_invalid_utf8)
+            opts = req.options
+            truncation = opts.truncation or self.config.truncation
+            allow_empty = self.config.allow_empty if opts.allow_empty is None else opts.allow_empty
+            replace = (opts.invalid_utf8 or DEFAULT_INVALID_UTF8) is InvalidUtf8.REPLACE
             try:
                 prepared.append(
                     [
@@ -188,7 +168,7 @@ class TextTokenizer:
             valid.append((r, truncation))
         flat, counts = flatten(prepared)
         bodies = [e.ids for e in self._backend.encode_batch(flat, add_special_tokens=False)]
-        for (r, truncation), request_bodies in zip(valid, split(bodies, counts)):
+        for (r, truncation), request_bodies in zip(valid, split(bodies, counts), strict=True):
             try:
                 results[r] = self._finish(request_bodies, truncation)
             except EmbedServingError as exc:
@@ -264,10 +244,3 @@ def _special_tokens_around(backend) -> tuple[list[int], list[int]]:
         raise ValueError("the tokenizer's post-processor leaves no content tokens for a probe text")
     first, last = content[0], content[-1]
     return list(enc.ids[:first]), list(enc.ids[last + 1 :])
-
-
-def load_tokenizer(model_path: Path, max_length: int) -> TextTokenizer:
-    """Convenience for tests and benchmarks: a :class:`TextTokenizer` with default options."""
-    return TextTokenizer(
-        TokenizerConfig(model_path=model_path, max_length=max_length, max_chars=64 * max_length)
-    )

@@ -1,14 +1,15 @@
-"""Property tests: arbitrary bytes and lengths never crash the tokenizer step."""
+"""Property tests: arbitrary bytes, lengths and request options never crash the tokenizer step."""
 
 from __future__ import annotations
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from triton_embed_server.config import TokenizerConfig, Truncation
+from triton_embed.options import InvalidUtf8, RequestOptions, Truncation
+from triton_embed_server.config import TokenizerConfig
 from triton_embed_server.errors import (
     EmptyTextError,
-    InvalidInputError,
+    InvalidArgumentError,
     InvalidUtf8Error,
     TooLongError,
 )
@@ -43,9 +44,10 @@ DOCUMENTED = (EmptyTextError, InvalidUtf8Error, TooLongError)
 def test_any_bytes_give_a_tokenization_or_a_documented_error(
     tokenizer, texts, truncation, allow_empty, replace
 ):
-    request = TextRequest(
-        texts=texts, truncation=truncation, allow_empty=allow_empty, replace_invalid_utf8=replace
+    options = RequestOptions(
+        truncation, allow_empty, InvalidUtf8.REPLACE if replace else InvalidUtf8.ERROR
     )
+    request = TextRequest(texts=texts, options=options)
     (result,) = tokenizer.tokenize_requests([request])
     if isinstance(result, Tokenized):
         assert len(result.token_ids) == len(texts)
@@ -64,9 +66,13 @@ def test_any_bytes_give_a_tokenization_or_a_documented_error(
 @given(words=st.integers(min_value=0, max_value=700))
 def test_any_length_gives_a_vector_sized_input_or_too_long(tokenizer, words):
     text = ("word " * words).encode()
-    (end,) = tokenizer.tokenize_requests([TextRequest([text], Truncation.END, allow_empty=True)])
+    (end,) = tokenizer.tokenize_requests(
+        [TextRequest([text], RequestOptions(Truncation.END, allow_empty=True))]
+    )
     assert end.num_tokens == [min(words + 2, 256)]
-    (none,) = tokenizer.tokenize_requests([TextRequest([text], Truncation.NONE, allow_empty=True)])
+    (none,) = tokenizer.tokenize_requests(
+        [TextRequest([text], RequestOptions(Truncation.NONE, allow_empty=True))]
+    )
     if len(text) > 2000:  # this fixture's max_chars: rejected before tokenization
         assert isinstance(none, TooLongError) and f"has {len(text)} characters" in str(none)
     elif words + 2 > 256:
@@ -78,16 +84,25 @@ def test_any_length_gives_a_vector_sized_input_or_too_long(tokenizer, words):
 @given(
     st.dictionaries(
         st.sampled_from(["truncation", "allow_empty", "invalid_utf8", "priority"]),
-        st.one_of(st.text(max_size=8), st.booleans(), st.integers()),
+        st.one_of(
+            st.sampled_from(["NONE", "end", " Start ", "true", "FALSE", "1", "0", "Replace"]),
+            st.text(max_size=8),
+            st.booleans(),
+            st.integers(),
+        ),
     )
 )
-def test_request_options_parse_or_raise_invalid_input(params):
+def test_request_options_parse_or_raise_invalid_argument(params):
     try:
         options = parse_request_options(params)
-    except InvalidInputError as exc:
-        assert "request parameter" in str(exc)
+    except InvalidArgumentError as exc:
+        assert str(exc).startswith("request parameter ")
+        assert any(f"request parameter {name}=" in str(exc) for name in params)
     else:
-        assert set(options) <= {"truncation", "allow_empty", "replace_invalid_utf8"}
+        # Every option the request set is kept, normalized; the client sends it back as is.
+        sent = options.to_parameters()
+        assert set(sent) == set(params) - {"priority"}
+        assert RequestOptions.from_parameters(sent) == options
 
 
 def test_whitespace_runs_do_not_push_words_past_the_character_cap(tokenizer):

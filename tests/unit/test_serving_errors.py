@@ -9,12 +9,13 @@ from triton_embed_server.errors import (
     EmbedServingError,
     EmptyTextError,
     EngineError,
-    InvalidInputError,
+    InvalidArgumentError,
     InvalidTokenIdsError,
     InvalidUtf8Error,
     TooLongError,
     to_triton_error,
 )
+from triton_embed_server.metrics import FAILURE_REASONS, failure_reason
 
 
 class FakeTritonError:
@@ -43,30 +44,38 @@ class NoInvalidArgTritonError:
 
 
 @pytest.mark.parametrize(
-    "exc_type, reason",
-    [
-        (EmptyTextError, "empty"),
-        (InvalidUtf8Error, "invalid_utf8"),
-        (TooLongError, "too_long"),
-        (InvalidTokenIdsError, "invalid_token_ids"),
-        (InvalidInputError, "invalid_input"),
-    ],
+    "exc_type",
+    [EmptyTextError, InvalidUtf8Error, TooLongError, InvalidTokenIdsError, InvalidArgumentError],
 )
-def test_invalid_input_errors_map_to_invalid_arg(exc_type, reason):
+def test_invalid_argument_errors_map_to_invalid_arg(exc_type):
     err = to_triton_error(exc_type("text 3 is bad"), fake_pb_utils)
     assert isinstance(err, FakeTritonError)
     assert err.code == FakeTritonError.INVALID_ARG
     assert err.message == "text 3 is bad"
-    assert exc_type.reason == reason
-    assert issubclass(exc_type, InvalidInputError)
-    assert issubclass(exc_type, EmbedServingError)
+
+
+def test_every_error_class_has_its_own_exported_failure_label():
+    # The failure counter has one series per label, created up front: a reason missing from
+    # FAILURE_REASONS would not be exported, and a shared one would merge two causes.
+    classes = [
+        EmbedServingError,
+        InvalidArgumentError,
+        EmptyTextError,
+        InvalidUtf8Error,
+        TooLongError,
+        InvalidTokenIdsError,
+        EngineError,
+    ]
+    reasons = [failure_reason(cls("x")) for cls in classes]
+    assert set(reasons) <= set(FAILURE_REASONS)
+    assert len(set(reasons)) == len(classes)
+    assert failure_reason(KeyError("k")) == "internal" == failure_reason(EmbedServingError("x"))
 
 
 def test_engine_error_maps_to_internal():
     err = to_triton_error(EngineError("engine died"), fake_pb_utils)
     assert err.code == FakeTritonError.INTERNAL
     assert err.message == "engine died"
-    assert EngineError.reason == "engine_error"
 
 
 def test_base_error_maps_to_internal():
@@ -85,7 +94,6 @@ def test_foreign_exception_is_internal_with_type_name():
 
 def test_unknown_code_name_falls_back_to_internal():
     pb = types.SimpleNamespace(TritonError=NoInvalidArgTritonError)
-    assert not hasattr(NoInvalidArgTritonError, "INVALID_ARG")
     err = to_triton_error(TooLongError("long"), pb)
     assert isinstance(err, NoInvalidArgTritonError)
     assert err.code == NoInvalidArgTritonError.INTERNAL

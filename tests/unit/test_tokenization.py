@@ -6,10 +6,12 @@ import copy
 from dataclasses import replace
 
 import pytest
-from triton_embed_server.config import TokenizerConfig, Truncation
+from triton_embed.options import RequestOptions, Truncation
+from triton_embed_server.config import TokenizerConfig
 from triton_embed_server.errors import (
     EmbedServingError,
     EmptyTextError,
+    InvalidArgumentError,
     InvalidUtf8Error,
     TooLongError,
 )
@@ -18,7 +20,7 @@ from triton_embed_server.tokenization import (
     TextTokenizer,
     Tokenized,
     decode_text,
-    load_tokenizer,
+    parse_request_options,
 )
 
 CLS, SEP = 101, 102
@@ -64,7 +66,7 @@ def small_chars_tok(tok) -> TextTokenizer:
 
 def one(tok: TextTokenizer, texts, **kw) -> Tokenized | EmbedServingError:
     payloads = [t.encode("utf-8") if isinstance(t, str) else t for t in texts]
-    [result] = tok.tokenize_requests([TextRequest(payloads, **kw)])
+    [result] = tok.tokenize_requests([TextRequest(payloads, RequestOptions(**kw))])
     return result
 
 
@@ -81,12 +83,6 @@ def test_tokenizer_basics(tok, config):
     assert tok.suffix == [SEP]
     assert tok.body_budget == MAX - 2
     assert tok.vocab_size == 30522
-
-
-def test_texts_have_expected_lengths(hf):
-    assert hf_untruncated_count(hf, AT_LIMIT) == MAX
-    assert hf_untruncated_count(hf, ONE_OVER) == MAX + 1
-    assert hf_untruncated_count(hf, LONG) > 2 * MAX
 
 
 # --- agreement with transformers ---------------------------------------------------------
@@ -233,10 +229,12 @@ def test_nul_and_control_characters_pass_through(tok, hf):
 def test_bad_request_fails_only_itself(tok, hf, hf_left):
     good1 = TextRequest([SHORT.encode(), b"second text"])
     bad_utf8 = TextRequest([b"fine", b"ok\xff"])
-    good2 = TextRequest([LONG.encode()], truncation=Truncation.START)
+    good2 = TextRequest([LONG.encode()], RequestOptions(truncation=Truncation.START))
     empty = TextRequest([b""])
-    too_long = TextRequest([SHORT.encode(), ONE_OVER.encode()], truncation=Truncation.NONE)
-    good3 = TextRequest([b"last one", b""], allow_empty=True)
+    too_long = TextRequest(
+        [SHORT.encode(), ONE_OVER.encode()], RequestOptions(truncation=Truncation.NONE)
+    )
+    good3 = TextRequest([b"last one", b""], RequestOptions(allow_empty=True))
     results = tok.tokenize_requests([good1, bad_utf8, good2, empty, too_long, good3])
     assert len(results) == 6
     assert isinstance(results[0], Tokenized)
@@ -308,11 +306,54 @@ def test_char_cap_counts_characters_not_bytes(small_chars_tok, hf):
     assert result.token_ids == [hf(text)["input_ids"]]
 
 
-def test_load_tokenizer_helper(config, hf):
-    small = load_tokenizer(config.model_path, 8)
-    assert small.config.max_length == 8
+def test_small_max_length_truncates_like_hf(hf):
+    small = TextTokenizer(
+        TokenizerConfig.from_model_config({"parameters": {"max_length": {"string_value": "8"}}})
+    )
     assert small.config.max_chars == 512
     assert small.body_budget == 6
     result = one(small, [LONG])
     assert result.token_ids == [hf(LONG, truncation=True, max_length=8)["input_ids"]]
     assert len(result.token_ids[0]) == 8
+
+
+# --- request options ---------------------------------------------------------------------
+
+
+def test_request_options_reach_the_tokenizer(tok, hf, hf_left):
+    options = parse_request_options(
+        {"truncation": "start", "allow_empty": "true", "invalid_utf8": "replace", "priority": 3}
+    )
+    result = tok.tokenize_requests([TextRequest([LONG.encode(), b"", b"ok\xff"], options)])[0]
+    assert isinstance(result, Tokenized)
+    assert result.token_ids[0] == hf_left(LONG, truncation=True, max_length=MAX)["input_ids"]
+    assert result.token_ids[1] == [CLS, SEP]
+    assert result.token_ids[2] == hf("ok\ufffd")["input_ids"]
+
+
+def test_no_request_options_means_server_defaults(tok):
+    assert parse_request_options({}) == RequestOptions()
+    assert parse_request_options({"sequence_id": 7, "priority": 1}) == RequestOptions()
+    results = tok.tokenize_requests([TextRequest([b""]), TextRequest([b"ok\xff"])])
+    assert [type(r) for r in results] == [EmptyTextError, InvalidUtf8Error]
+
+
+@pytest.mark.parametrize(
+    "parameters, message",
+    [
+        (
+            {"truncation": "MIDDLE"},
+            "request parameter truncation='MIDDLE' is not one of NONE, END, START",
+        ),
+        ({"allow_empty": "maybe"}, "request parameter allow_empty='maybe' must be true or false"),
+        ({"allow_empty": 2}, "request parameter allow_empty=2 must be true or false"),
+        (
+            {"invalid_utf8": "ignore"},
+            "request parameter invalid_utf8='ignore' is not one of error, replace",
+        ),
+    ],
+)
+def test_bad_request_option_is_invalid_argument_naming_the_allowed_values(parameters, message):
+    with pytest.raises(InvalidArgumentError) as info:
+        parse_request_options(parameters)
+    assert str(info.value) == message

@@ -53,7 +53,7 @@ class TritonPythonModel:
                 option_errors[r] = exc
                 text_requests.append(TextRequest(texts=[]))  # answered with the error below
                 continue
-            text_requests.append(TextRequest(texts=[bytes(t) for t in texts], **options))
+            text_requests.append(TextRequest(texts=[bytes(t) for t in texts], options=options))
         t0 = time.perf_counter()
         results = self.tokenizer.tokenize_requests(text_requests)
         seconds = time.perf_counter() - t0
@@ -71,7 +71,9 @@ class TritonPythonModel:
             self.metrics.success(
                 texts=len(result.token_ids),
                 tokens=sum(result.num_tokens),
-                truncated=sum(k < n for k, n in zip(result.num_tokens, result.num_input_tokens)),
+                truncated=sum(
+                    k < n for k, n in zip(result.num_tokens, result.num_input_tokens, strict=True)
+                ),
             )
             token_ids = codec.encode_token_ids(result.token_ids).reshape(-1, 1)
             num_tokens = np.array(result.num_tokens, dtype=np.int32).reshape(-1, 1)
@@ -87,8 +89,9 @@ class TritonPythonModel:
         return responses
 
     def finalize(self):
-        """Free the metric families while the stub can still reach Triton (freeing them at
-        interpreter exit crashes the 2.51 stub).
+        """Free the metric families while the stub can still reach Triton.
+
+        Freeing them at interpreter exit crashes the Triton 2.51 Python-backend stub.
         """
         self.metrics.stop()
         self.metrics = None

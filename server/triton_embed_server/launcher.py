@@ -24,9 +24,12 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago.
 
-    Drawn from 20000-32767, below Linux's ephemeral range (32768-60999): tritonserver binds
-    it seconds later, and a port from the ephemeral range can meanwhile be taken by an
-    outgoing connection (seen in the test suite).
+    Drawn from 20000-32767, below Linux's default ephemeral range (32768-60999,
+    ``net.ipv4.ip_local_port_range``): tritonserver binds it seconds later, and a port from
+    the ephemeral range can meanwhile be taken by any outgoing connection.
+
+    Raises:
+        RuntimeError: no free port found in 200 tries.
     """
     import random
 
@@ -39,11 +42,6 @@ def free_port() -> int:
                 continue
             return port
     raise RuntimeError("no free TCP port in 20000-32767 on 127.0.0.1")
-
-
-def default_tritonserver() -> Path:
-    """The ``tritonserver`` wrapper that ``scripts/setup.sh`` writes into the venv."""
-    return Path(sys.prefix) / "bin" / "tritonserver"
 
 
 @dataclass
@@ -88,11 +86,11 @@ class TritonServer:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def metric_samples(self) -> list:
-        """Every sample on the metrics endpoint now (``prometheus_client`` ``Sample`` tuples:
-        name, labels, value).
-        """
-        import urllib.request
+        """Every sample on the metrics endpoint now.
 
+        Returns:
+            ``prometheus_client`` ``Sample`` tuples (``name``, ``labels``, ``value``, ...).
+        """
         from prometheus_client.parser import text_string_to_metric_families
 
         with urllib.request.urlopen(self.metrics_url, timeout=10) as resp:
@@ -100,8 +98,10 @@ class TritonServer:
         return [s for family in text_string_to_metric_families(text) for s in family.samples]
 
     def command(self) -> list[str]:
-        """The full command line: ``tritonserver`` under the stub supervisor (restarts a
-        model whose stub died; see :mod:`triton_embed_server.supervisor`).
+        """The full command line: ``tritonserver`` under the stub supervisor.
+
+        The supervisor restarts a model whose stub died; see
+        :mod:`triton_embed_server.supervisor`.
         """
         return [
             sys.executable, "-m", "triton_embed_server.supervisor", "--",

@@ -1,8 +1,8 @@
 """Embedder replicas per GPU: tokens/s of a BERT-base embedder at 1, 2, 4, 8 replicas per GPU.
 
-The reference study (shared/seeds/snowflake-vllm-embedding-throughput.txt) serves
-snowflake-arctic-embed-m-v1.5, a BERT-base model, and runs several replicas per GPU because
-one embedding replica leaves the GPU idle. Throughput does not depend on the weights, so this
+The published figure this is compared with (:data:`REFERENCE_TOKENS_S`) serves
+snowflake-arctic-embed-m-v1.5, a BERT-base model, with several replicas per GPU because one
+embedding replica leaves the GPU idle. Throughput does not depend on the weights, so this
 script builds a BERT-base config with random weights locally (no model hub) and measures:
 
 * ``serve``: the product path. A copy of ``model_repository`` with the GPU config
@@ -14,9 +14,11 @@ script builds a BERT-base config with random weights locally (no model hub) and 
   pooling, L2 normalization and the copy to host on batches of exactly L tokens, and the
   tokens/s are summed. Needs only PyTorch and transformers.
 
-    python perf/gpu_sweep.py build-model /tmp/bert-base
-    python perf/gpu_sweep.py engine --model-dir /tmp/bert-base --out /tmp/sweep
-    .venv/bin/python perf/gpu_sweep.py serve --model-dir /tmp/bert-base --out /tmp/sweep
+    python -m perf.gpu_sweep build-model /tmp/bert-base
+    python -m perf.gpu_sweep engine --model-dir /tmp/bert-base --out /tmp/sweep
+    .venv/bin/python -m perf.gpu_sweep serve --model-dir /tmp/bert-base --out /tmp/sweep
+
+Run from the repository root (``python -m`` finds the ``perf`` package there).
 
 Each prints a table of tokens/s per replica count and input length next to
 :data:`REFERENCE_TOKENS_S`, and writes ``results.json``.
@@ -26,14 +28,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # The published figure the issue compares against: tokens/s per H200 for the reference
 # study's BERT-base embedder with all its optimizations (issue 4, "On a GPU host").
@@ -81,11 +80,25 @@ def build_model(
     if out_dir.exists():
         shutil.rmtree(out_dir)
     BertModel(config).save_pretrained(str(out_dir), safe_serialization=True)
-    (out_dir / "modules.json").write_text(json.dumps([
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
-    ], indent=2))  # fmt: skip
+    modules = [
+        (0, "", "Transformer"),
+        (1, "1_Pooling", "Pooling"),
+        (2, "2_Normalize", "Normalize"),
+    ]
+    (out_dir / "modules.json").write_text(
+        json.dumps(
+            [
+                {
+                    "idx": i,
+                    "name": str(i),
+                    "path": path,
+                    "type": f"sentence_transformers.models.{kind}",
+                }
+                for i, path, kind in modules
+            ],
+            indent=2,
+        )
+    )
     (out_dir / "sentence_bert_config.json").write_text(
         json.dumps({"max_seq_length": 512, "do_lower_case": False})
     )
@@ -218,8 +231,8 @@ def engine_sweep(
                 )
                 points.append(point)
                 print(
-                    f"engine replicas={n} length={length} batch={batch}: {point.tokens_s:,.0f} tokens/s "
-                    f"(p50 {point.p50_ms} ms/forward)",
+                    f"engine replicas={n} length={length} batch={batch}: "
+                    f"{point.tokens_s:,.0f} tokens/s (p50 {point.p50_ms} ms/forward)",
                     flush=True,
                 )
         finally:
@@ -239,26 +252,16 @@ def render_repository(out_dir: Path, model_dir: Path, replicas: int) -> Path:
     Raises:
         ValueError: the GPU config has no ``instance_group`` count or ``model_path`` to set.
     """
+    from triton_embed_server.repository import copy_repository, edit_config
+
     if out_dir.exists():
         shutil.rmtree(out_dir)
-    shutil.copytree(
-        REPO_ROOT / "model_repository", out_dir, ignore=shutil.ignore_patterns("__pycache__")
+    copy_repository(out_dir)
+    model_path = {"model_path": str(model_dir.resolve())}
+    edit_config(out_dir / "tokenizer" / "config.pbtxt", parameters=model_path)
+    edit_config(
+        out_dir / "embedder" / "configs" / "gpu.pbtxt", count=replicas, parameters=model_path
     )
-    path_value = f'{{ string_value: "{model_dir.resolve()}" }}'
-    for config in (
-        out_dir / "tokenizer" / "config.pbtxt",
-        out_dir / "embedder" / "configs" / "gpu.pbtxt",
-    ):
-        text, n = re.subn(
-            r'(key: "model_path", value: )\{[^}]*\}', rf"\g<1>{path_value}", config.read_text()
-        )
-        if n != 1:
-            raise ValueError(f"{config}: expected one model_path parameter, found {n}")
-        if config.parent.name == "configs":
-            text, n = re.subn(r"count: \d+", f"count: {replicas}", text)
-            if n != 1:
-                raise ValueError(f"{config}: expected one instance_group count, found {n}")
-        config.write_text(text)
     return out_dir
 
 
@@ -289,9 +292,9 @@ def serve_sweep(
     work_dir: Path,
 ) -> list[Point]:
     """Tokens/s of the ``embed`` ensemble with ``n`` GPU replicas, via perf_analyzer."""
-    sys.path.insert(0, str(REPO_ROOT / "perf"))
-    from bench import perf_analyzer
     from triton_embed_server.launcher import TritonServer
+
+    from perf.contenders.triton_pa import perf_analyzer
 
     texts = {length: exact_texts(model_dir, length) for length in lengths}
     points = []
@@ -324,8 +327,10 @@ def serve_sweep(
 
 
 def summary_table(points: list[Point]) -> str:
-    """Markdown: one row per (mode, length, batch), one column per replica count, and the
-    best figure as a fraction of :data:`REFERENCE_TOKENS_S`.
+    """Markdown table of the points: tokens/s per replica count.
+
+    One row per (mode, length, batch), one column per replica count, and the best figure as a
+    fraction of :data:`REFERENCE_TOKENS_S`.
     """
     replicas = sorted({p.replicas for p in points})
     lines = [

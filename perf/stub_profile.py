@@ -1,8 +1,8 @@
-"""Where the CPU goes while the ensemble serves 50-token texts, one per request (the case below
-target): CPU seconds per process and py-spy profiles of the Python-backend stubs.
+"""Where the CPU goes while the ensemble serves 50-token texts, one per request.
 
-The reference study found its bottlenecks with Python runtime traces and flame graphs; this
-does the same under perf_analyzer load (gRPC, 1 text per request, concurrency 32):
+That is the case below target. This measures CPU seconds per process and takes py-spy
+profiles of the Python-backend stubs under perf_analyzer load (gRPC, 1 text per request,
+concurrency 32):
 
 * CPU seconds of every process over the measurement window (psutil): ``tritonserver``, each
   stub (tokenizer, embedder replicas), the load generator;
@@ -11,7 +11,7 @@ does the same under perf_analyzer load (gRPC, 1 text per request, concurrency 32
   SVG and as collapsed stacks, summarized by where the samples fall: the model forward
   (torch), the rest of vLLM, our code, Triton's stub glue (pb_utils / IPC), idle waiting.
 
-    .venv/bin/python perf/stub_profile.py --out perf/profiles
+    .venv/bin/python -m perf.stub_profile --out perf/profiles
 """
 
 from __future__ import annotations
@@ -26,10 +26,9 @@ import time
 from pathlib import Path
 
 import psutil
+from triton_embed_server.launcher import TritonServer
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import exact_texts  # noqa: E402
-from triton_embed_server.launcher import TritonServer  # noqa: E402
+from perf.corpora import exact_texts
 
 # Where a sampled stack belongs, by the first matching frame pattern, innermost first.
 CATEGORIES = (

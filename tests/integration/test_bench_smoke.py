@@ -1,4 +1,4 @@
-"""perf/bench.py --mode quick: every contender starts, runs and stops with zero errors."""
+"""python -m perf.bench --mode quick: every contender starts, runs and stops with zero errors."""
 
 from __future__ import annotations
 
@@ -16,12 +16,14 @@ def test_quick_benchmark_runs_every_contender_without_errors(tmp_path):
     proc = subprocess.run(
         [
             sys.executable,
-            str(REPO_ROOT / "perf" / "bench.py"),
+            "-m",
+            "perf.bench",
             "--mode",
             "quick",
             "--out",
             str(tmp_path),
         ],
+        cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=900,

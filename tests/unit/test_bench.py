@@ -1,14 +1,19 @@
-"""The benchmark driver's pure parts: best-of, headline summary, regression guard."""
+"""The benchmark's pure parts: best-of, headline summary, regression guard, repository
+variants, the command line, and that its programs run as modules (``python -m perf...``)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 
+import pytest
+from google.protobuf import text_format
 from triton_embed_server.launcher import REPO_ROOT, TritonServer
+from tritonclient.grpc import model_config_pb2
 
-sys.path.insert(0, str(REPO_ROOT / "perf"))
-import bench  # noqa: E402
+from perf import bench, config_ablations, corpora, report
+from perf.contenders import triton_pa
 
 
 def row(contender, tokens_s, length=50, batch=1, conc=4, errors=0):
@@ -37,13 +42,13 @@ ROWS = [
 
 
 def test_best_ignores_runs_with_errors_and_filters_batch():
-    assert bench.best(ROWS, "triton_pa", 50, 1) == 9_200
-    assert bench.best(ROWS, "triton_pa", 50, 16) == 0.0
-    assert bench.best(ROWS, "engine", 50) == 10_000
+    assert report.best(ROWS, "triton_pa", 50, 1) == 9_200
+    assert report.best(ROWS, "triton_pa", 50, 16) == 0.0
+    assert report.best(ROWS, "engine", 50) == 10_000
 
 
 def test_summary_reports_headline_ratios(tmp_path):
-    text = bench.summarize(ROWS, tmp_path)
+    text = report.summarize(ROWS, tmp_path)
     assert "| triton_pa | 9,200 |" in text
     assert "ensemble / engine = 0.92 (target 0.9)" in text
     assert "ensemble / vLLM server = 2.00 (target 1.8)" in text
@@ -56,48 +61,54 @@ def test_regression_guard_flags_drops_over_ten_percent(tmp_path):
     ref.write_text(
         json.dumps({"rows": [row("triton_pa", 10_000, conc=16), row("vllm_float", 4_000)]})
     )
-    drops = bench.compare([row("triton_pa", 8_900, conc=16), row("vllm_float", 3_700)], ref)
+    drops = report.compare([row("triton_pa", 8_900, conc=16), row("vllm_float", 3_700)], ref)
     assert len(drops) == 1 and "-11%" in drops[0] and "triton_pa" in drops[0]
-    assert bench.compare([row("triton_pa", 9_100, conc=16)], ref) == []
+    assert report.compare([row("triton_pa", 9_100, conc=16)], ref) == []
 
 
 def test_labels_and_mixed_length_key():
-    assert bench.label(50) == "50" and bench.label(bench.MIXED) == "mixed"
+    assert corpora.label(50) == "50" and corpora.label(corpora.MIXED) == "mixed"
+
+
+def parse(path):
+    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
 
 
 def test_repository_variant_changes_only_the_asked_knobs(tmp_path):
-    import re
-
-    repo = bench.repository_variant(
+    repo = config_ablations.repository_variant(
         str(tmp_path), embedder_count=4, tokenizer_count=2, embedder_delay_us=0
     )
-    embedder = (repo / "embedder" / "config.pbtxt").read_text()
-    tokenizer = (repo / "tokenizer" / "config.pbtxt").read_text()
-    assert re.findall(r"count: (\d+), kind: KIND_CPU", embedder) == ["4"]
-    assert re.findall(r"count: (\d+), kind: KIND_CPU", tokenizer) == ["2"]
-    assert "max_queue_delay_microseconds: 0\n" in embedder
-    assert "max_queue_delay_microseconds: 500" in tokenizer  # untouched
-    assert (repo / "embed" / "config.pbtxt").exists()
+    shipped = REPO_ROOT / "model_repository"
+    embedder, tokenizer = (parse(repo / m / "config.pbtxt") for m in ("embedder", "tokenizer"))
+    assert [g.count for g in embedder.instance_group] == [4]
+    assert [g.count for g in tokenizer.instance_group] == [2]
+    assert embedder.dynamic_batching.max_queue_delay_microseconds == 0
+    # the tokenizer's delay and every other file are as shipped
+    assert (
+        tokenizer.dynamic_batching == parse(shipped / "tokenizer" / "config.pbtxt").dynamic_batching
+    )
+    for rel in ("embed/config.pbtxt", "embedder/configs/gpu.pbtxt", "embedder/1/model.py"):
+        assert (repo / rel).read_text() == (shipped / rel).read_text()
 
 
 def test_repository_variant_of_the_one_step_ablation_model(tmp_path):
-    repo = bench.repository_variant(
+    repo = config_ablations.repository_variant(
         str(tmp_path / "a"), ablation_model="embed_text", output_format="bytes"
     )
     assert [p.name for p in repo.iterdir()] == ["embed_text"]
-    assert (
-        'key: "output_format", value: { string_value: "bytes" }'
-        in (repo / "embed_text" / "config.pbtxt").read_text()
-    )
-    repo = bench.repository_variant(
+    cfg = parse(repo / "embed_text" / "config.pbtxt")
+    assert cfg.parameters["output_format"].string_value == "bytes"
+    assert [g.count for g in cfg.instance_group] == [1]
+    repo = config_ablations.repository_variant(
         str(tmp_path / "b"), ablation_model="embed_text", output_format="json", embedder_count=2
     )
-    text = (repo / "embed_text" / "config.pbtxt").read_text()
-    assert '"json"' in text and "count: 2, kind: KIND_CPU" in text
+    cfg = parse(repo / "embed_text" / "config.pbtxt")
+    assert cfg.parameters["output_format"].string_value == "json"
+    assert [g.count for g in cfg.instance_group] == [2]
 
 
 def test_save_writes_json_and_csv(tmp_path):
-    bench.save(ROWS, tmp_path, "results", mode="full")
+    report.save(ROWS, tmp_path, "results", mode="full")
     assert json.loads((tmp_path / "results.json").read_text())["mode"] == "full"
     lines = (tmp_path / "results.csv").read_text().splitlines()
     assert len(lines) == 1 + len(ROWS) and "tokens_s" in lines[0]
@@ -107,16 +118,17 @@ def test_incremental_chart_is_drawn(tmp_path):
     rows = [
         row(step, t, batch=b, conc=c)
         for step, t in (("a", 3000), ("b", 5000))
-        for b, c in bench.ABLATION_LOAD
+        for b, c in config_ablations.ABLATION_LOAD
     ]
-    bench.plot_incremental(rows, tmp_path)
+    report.plot_incremental(rows, tmp_path)
     assert (tmp_path / "incremental.png").stat().st_size > 1000
 
 
 def test_every_ablation_variant_builds_a_repository(tmp_path):
-    for k, (_, model, knobs) in enumerate(v for vs in bench.ABLATIONS.values() for v in vs):
-        repo = bench.repository_variant(str(tmp_path / str(k)), **knobs)
-        assert (repo / model / "config.pbtxt").exists()
+    variants = [v for vs in config_ablations.ABLATIONS.values() for v in vs]
+    for k, (_, model, knobs) in enumerate(variants):
+        repo = config_ablations.repository_variant(str(tmp_path / str(k)), **knobs)
+        assert parse(repo / model / "config.pbtxt").name == model
 
 
 def test_served_counts_sums_the_tokenizer_steps_counters(tmp_path):
@@ -137,9 +149,42 @@ def test_served_counts_sums_the_tokenizer_steps_counters(tmp_path):
         metrics_url = scrape.as_uri()
         metric_samples = TritonServer.metric_samples
 
-    assert bench.served_counts(Server()) == (1000.0, 61000.0)
+    assert triton_pa.served_counts(Server()) == (1000.0, 61000.0)
 
 
 def test_lengths_flag_parses_mixed():
-    assert bench.parse_lengths("50,mixed") == [50, bench.MIXED]
-    assert bench.parse_lengths("256") == [256]
+    assert corpora.parse_lengths("50,mixed") == [50, corpora.MIXED]
+    assert corpora.parse_lengths("256") == [256]
+
+
+def test_command_line_flags():
+    args = bench.build_parser().parse_args(
+        ["--mode", "full", "--lengths", "256,mixed", "--compare", "ref.json", "--out", "o"]
+    )
+    assert (args.mode, args.lengths, str(args.compare), str(args.out)) == (
+        "full",
+        [256, corpora.MIXED],
+        "ref.json",
+        "o",
+    )
+    args = bench.build_parser().parse_args([])
+    assert (args.mode, args.out, args.ablation) == ("quick", REPO_ROOT / "perf" / "results", None)
+    for name in ("instances", "incremental", "batching"):
+        assert bench.build_parser().parse_args(["--ablation", name]).ablation == name
+    with pytest.raises(SystemExit):
+        bench.build_parser().parse_args(["--ablation", "nope"])
+
+
+@pytest.mark.parametrize(
+    "module", ["perf.bench", "perf.contenders.engine", "perf.stub_profile", "perf.gpu_sweep"]
+)
+def test_programs_run_as_modules_from_the_repository_root(module):
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "--help"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage:")

@@ -4,16 +4,15 @@ repository, the table, and the replica-process engine loop (run on the CPU)."""
 from __future__ import annotations
 
 import json
-import re
-import sys
 
 import numpy as np
 import pytest
+from google.protobuf import text_format
 from triton_embed_server.launcher import REPO_ROOT
 from triton_embed_server.model_files import resolve_model_path
+from tritonclient.grpc import model_config_pb2
 
-sys.path.insert(0, str(REPO_ROOT / "perf"))
-import gpu_sweep  # noqa: E402
+from perf import gpu_sweep
 
 
 @pytest.fixture(scope="module")
@@ -61,18 +60,25 @@ def test_exact_texts_have_exactly_the_asked_token_count(tiny_bert):
 
 
 def test_render_repository_sets_replicas_and_model_path(tmp_path, tiny_bert):
+    shipped = REPO_ROOT / "model_repository"
+    before = {p: p.read_text() for p in shipped.rglob("*.pbtxt")}
     repo = gpu_sweep.render_repository(tmp_path / "repo", tiny_bert, replicas=8)
-    gpu = (repo / "embedder" / "configs" / "gpu.pbtxt").read_text()
-    assert re.findall(r"count: (\d+)", gpu) == ["8"]
-    assert "kind: KIND_GPU" in gpu
-    for config in (
-        repo / "embedder" / "configs" / "gpu.pbtxt",
-        repo / "tokenizer" / "config.pbtxt",
-    ):
-        assert f'string_value: "{tiny_bert.resolve()}"' in config.read_text()
-    # the shipped repository is untouched
-    shipped = (REPO_ROOT / "model_repository" / "embedder" / "configs" / "gpu.pbtxt").read_text()
-    assert "count: 4" in shipped and str(tiny_bert) not in shipped
+
+    def parse(path):
+        return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+
+    gpu = parse(repo / "embedder" / "configs" / "gpu.pbtxt")
+    assert [(g.count, g.kind) for g in gpu.instance_group] == [
+        (8, model_config_pb2.ModelInstanceGroup.KIND_GPU)
+    ]
+    tokenizer = parse(repo / "tokenizer" / "config.pbtxt")
+    for config in (gpu, tokenizer):
+        assert config.parameters["model_path"].string_value == str(tiny_bert.resolve())
+    # rendering again replaces the folder; the shipped repository is untouched
+    repo = gpu_sweep.render_repository(tmp_path / "repo", tiny_bert, replicas=2)
+    gpu = parse(repo / "embedder" / "configs" / "gpu.pbtxt")
+    assert [g.count for g in gpu.instance_group] == [2]
+    assert {p: p.read_text() for p in shipped.rglob("*.pbtxt")} == before
 
 
 def test_summary_table_puts_replicas_in_columns_and_compares_with_reference():

@@ -1,0 +1,9 @@
+"""The contenders :mod:`perf.bench` measures, one module each.
+
+Every contender returns one result dict per run: ``texts_s``, ``p50_ms``, ``p99_ms`` (None
+where the contender has no per-request latency), ``errors``, and ``tokens_per_text`` where
+it measured the tokens of the texts it actually sent (None or absent otherwise).
+"""
+
+# The order of the rows in the summary table.
+CONTENDERS = ("engine", "triton_pa", "triton_client", "vllm_float", "vllm_base64")

@@ -1,12 +1,15 @@
-"""cli: summarize, nearest, build_parser (no server)."""
+"""cli: summarize, nearest, the parser, and embed/query against a stand-in client (no server)."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import json
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
-from triton_embed.cli import build_parser, nearest, summarize
+from triton_embed import cli
+from triton_embed.cli import build_parser, main, nearest, summarize
+from triton_embed.client import EmbedResult
 
 # --- summarize ---------------------------------------------------------------------------
 
@@ -110,91 +113,122 @@ def test_nearest_no_queries():
     assert nearest(np.eye(2, dtype=np.float32), np.zeros((0, 2), dtype=np.float32), 3) == []
 
 
+# --- embed / query with a stand-in client -----------------------------------------------
+
+
+class FakeClient:
+    """Records how the CLI builds :class:`EmbeddingClient`; text i embeds to [len(text), i]."""
+
+    made: list[dict] = []
+
+    def __init__(self, url, model, **kwargs):
+        FakeClient.made.append({"url": url, "model": model, **kwargs})
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def embed_with_details(self, texts, on_batch_done=None):
+        vectors = np.array([[len(t), i] for i, t in enumerate(texts)], dtype=np.float32)
+        counts = np.array([len(t.split()) + 2 for t in texts], dtype=np.int32)
+        if on_batch_done is not None:
+            on_batch_done(len(texts), int(counts.sum()))
+        return EmbedResult(vectors, counts, [0.010, 0.030])
+
+    def embed(self, texts):
+        return np.array([[1.0, 0.0]] * len(texts), dtype=np.float32)
+
+
+@pytest.fixture
+def fake_client(monkeypatch):
+    FakeClient.made = []
+    monkeypatch.setattr(cli, "EmbeddingClient", FakeClient)
+    return FakeClient
+
+
+def test_embed_without_options_leaves_them_to_the_server(fake_client, tmp_path, capsys):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("one two\n\nthree\n")
+    out = tmp_path / "sub" / "v.npy"
+    assert main(["embed", str(corpus), "-o", str(out), "--no-progress"]) == 0
+    [made] = fake_client.made
+    assert made["truncation"] is None and made["allow_empty"] is None
+    assert made["batch_size"] is None  # the server's max_batch_size
+    np.testing.assert_array_equal(np.load(out), [[7.0, 0.0], [5.0, 1.0]])
+    printed = capsys.readouterr().out
+    assert "embedded 2 texts (7 tokens, dim 2)" in printed
+    assert "p50 20.0 ms, p99 29.8 ms" in printed
+
+
+def test_embed_passes_every_flag_and_writes_all_outputs(fake_client, tmp_path):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"body": "alpha beta"}\n{"body": ""}\n')
+    out, parquet, summary = tmp_path / "v.npy", tmp_path / "v.parquet", tmp_path / "s.json"
+    argv = [
+        "embed", str(corpus), "--output", str(out), "--parquet", str(parquet),
+        "--batch-size", "64", "--concurrency", "8", "--summary-json", str(summary),
+        "--no-progress", "--url", "h:1", "--model", "m", "--timeout-s", "2.5",
+        "--format", "jsonl", "--field", "body", "--truncation", "start", "--allow-empty",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    assert fake_client.made == [
+        {
+            "url": "h:1",
+            "model": "m",
+            "timeout_s": 2.5,
+            "max_concurrency": 8,
+            "batch_size": 64,
+            "truncation": "START",
+            "allow_empty": True,
+        }
+    ]
+    np.testing.assert_array_equal(np.load(out), [[10.0, 0.0], [0.0, 1.0]])
+    table = pq.read_table(parquet).to_pydict()
+    assert table["text"] == ["alpha beta", ""]
+    assert table["num_tokens"] == [4, 2]
+    assert table["embedding"] == [[10.0, 0.0], [0.0, 1.0]]
+    written = json.loads(summary.read_text())
+    assert (written["texts"], written["tokens"], written["dim"]) == (2, 6, 2)
+
+
+def test_embed_of_an_empty_file_is_an_error(fake_client, tmp_path, capsys):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n \n")
+    assert main(["embed", str(corpus), "-o", str(tmp_path / "v.npy")]) == 1
+    assert "holds no texts" in capsys.readouterr().err
+    assert fake_client.made == []
+
+
+def test_query_ranks_the_corpus_and_passes_options(fake_client, tmp_path, capsys):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("".join(f"text {i}\n" for i in range(7)))
+    vectors = np.array([[np.cos(a), np.sin(a)] for a in np.linspace(0, 3, 7)], np.float32)
+    np.save(tmp_path / "e.npy", vectors)
+    argv = ["query", "q1", "q2", "--embeddings", str(tmp_path / "e.npy"), "--corpus", str(corpus)]
+    assert main([*argv, "--json", "--truncation", "NONE"]) == 0
+    assert fake_client.made[0]["truncation"] == "NONE"
+    results = json.loads(capsys.readouterr().out)
+    assert [r["query"] for r in results] == ["q1", "q2"]
+    hits = results[0]["hits"]
+    assert [h["index"] for h in hits] == [0, 1, 2, 3, 4]  # default top-k 5, best first
+    assert [h["text"] for h in hits[:2]] == ["text 0", "text 1"]
+    assert hits[0]["cosine"] == 1.0
+    assert main([*argv, "-k", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("query: q1\n  1. [1.000] #0: text 0\n  2. [")
+
+
+def test_query_with_a_corpus_of_another_length_is_an_error(fake_client, tmp_path, capsys):
+    (tmp_path / "c.txt").write_text("a\nb\n")
+    np.save(tmp_path / "e.npy", np.eye(3, dtype=np.float32))
+    argv = ["query", "q", "--embeddings", str(tmp_path / "e.npy"), "--corpus"]
+    assert main([*argv, str(tmp_path / "c.txt")]) == 1
+    assert "has 2 texts but" in capsys.readouterr().err
+
+
 # --- build_parser ------------------------------------------------------------------------
-
-
-def test_parser_embed_defaults():
-    args = build_parser().parse_args(["embed", "in.txt", "-o", "out.npy"])
-    assert args.command == "embed"
-    assert args.input == Path("in.txt")
-    assert args.output == Path("out.npy")
-    assert args.parquet is None
-    assert args.batch_size is None
-    assert args.concurrency == 4
-    assert args.summary_json is None
-    assert args.no_progress is False
-    assert args.url == "127.0.0.1:8001"
-    assert args.model == "embed"
-    assert args.timeout_s == 120.0
-    assert args.format == "auto"
-    assert args.field == "text"
-
-
-def test_parser_embed_all_options():
-    args = build_parser().parse_args(
-        [
-            "embed",
-            "c.jsonl",
-            "--output",
-            "o.npy",
-            "--parquet",
-            "o.parquet",
-            "--batch-size",
-            "64",
-            "--concurrency",
-            "8",
-            "--summary-json",
-            "s.json",
-            "--no-progress",
-            "--url",
-            "h:1",
-            "--model",
-            "m",
-            "--timeout-s",
-            "2.5",
-            "--format",
-            "jsonl",
-            "--field",
-            "body",
-        ]
-    )
-    assert args.parquet == Path("o.parquet")
-    assert args.batch_size == 64
-    assert args.concurrency == 8
-    assert args.summary_json == Path("s.json")
-    assert args.no_progress is True
-    assert (args.url, args.model, args.timeout_s) == ("h:1", "m", 2.5)
-    assert (args.format, args.field) == ("jsonl", "body")
-
-
-def test_parser_query():
-    args = build_parser().parse_args(
-        [
-            "query",
-            "first query",
-            "second",
-            "--embeddings",
-            "e.npy",
-            "--corpus",
-            "c.txt",
-            "-k",
-            "3",
-            "--json",
-        ]
-    )
-    assert args.command == "query"
-    assert args.queries == ["first query", "second"]
-    assert args.embeddings == Path("e.npy")
-    assert args.corpus == Path("c.txt")
-    assert args.top_k == 3
-    assert args.json is True
-    assert args.format == "auto"
-
-
-def test_parser_query_default_top_k():
-    args = build_parser().parse_args(["query", "q", "--embeddings", "e.npy", "--corpus", "c"])
-    assert args.top_k == 5
-    assert args.json is False
 
 
 @pytest.mark.parametrize(
@@ -205,6 +239,8 @@ def test_parser_query_default_top_k():
         ["embed", "-o", "out.npy"],  # input is required
         ["embed", "in.txt", "-o", "o.npy", "--format", "csv"],
         ["embed", "in.txt", "-o", "o.npy", "--batch-size", "many"],
+        ["embed", "in.txt", "-o", "o.npy", "--batch-size", "0"],
+        ["embed", "in.txt", "-o", "o.npy", "--truncation", "MIDDLE"],
         ["query", "--embeddings", "e.npy", "--corpus", "c"],  # no query
         ["query", "q", "--corpus", "c"],  # --embeddings is required
         ["query", "q", "--embeddings", "e.npy"],  # --corpus is required
@@ -219,9 +255,5 @@ def test_parser_rejects(argv, capsys):
 
 
 def test_nearest_rejects_k_below_one():
-    import numpy as np
-    import pytest
-    from triton_embed.cli import nearest
-
     with pytest.raises(ValueError, match="k must be >= 1, got 0"):
         nearest(np.eye(3, dtype=np.float32), np.eye(3, dtype=np.float32)[:1], 0)

@@ -220,14 +220,6 @@ def test_decode_first_element_not_multiple_of_4():
     assert "multiple of 4" in msg
 
 
-def test_numpy_bytes_array_would_corrupt_the_payload():
-    # Documents why the codec returns dtype=object: numpy.bytes_ strips trailing NULs.
-    enc = encode_embeddings(np.array([[0.5, 0.0]], dtype=np.float32))
-    stripped = np.array(list(enc), dtype=np.bytes_)
-    assert len(stripped[0]) < 8
-    assert len(enc[0]) == 8
-
-
 # --- token IDs ---------------------------------------------------------------------------
 
 
@@ -301,6 +293,6 @@ def test_property_token_ids_round_trip(ids):
     enc = encode_token_ids(ids)
     assert enc.dtype == np.dtype(object)
     assert enc.shape == (len(ids),)
-    for element, row in zip(enc, ids):
+    for element, row in zip(enc, ids, strict=True):
         assert element == struct.pack(f"<{len(row)}i", *row)
         assert decode_token_ids(element) == row

@@ -127,7 +127,8 @@ def fortunes_dir(tmp_path: Path) -> Path:
     d.mkdir()
     (d / "zen").write_text("  Last database.  \n%\n")
     (d / "computers").write_text(
-        "First fortune.\n%\n\nSecond fortune,\n  on two lines.\n\n%\n%\n   \n%\nThird, no trailing %\n"
+        "First fortune.\n%\n\nSecond fortune,\n  on two lines.\n\n%\n%\n   \n%\n"
+        "Third, no trailing %\n"
     )
     (d / "computers.dat").write_bytes(b"\x00\x00\x00\x02binary index\xff")
     (d / "computers.u8").write_text("should be skipped\n%\n")
@@ -174,8 +175,6 @@ def test_read_fortunes_missing_folder(tmp_path):
 
 
 def test_read_texts_drops_a_leading_byte_order_mark(tmp_path):
-    from triton_embed.corpus import read_texts
-
     path = tmp_path / "bom.txt"
     path.write_bytes("\ufefffirst\nsecond\n".encode())
     assert read_texts(path) == ["first", "second"]

@@ -36,7 +36,7 @@ def engine_ceiling(length: int, seconds: float, replicas: int) -> dict:
     Raises:
         RuntimeError: a replica failed to start or to report.
     """
-    from triton_embed_server.engine import cpu_slice
+    from triton_embed_server.placement.slicing import cpu_slice
 
     cpus = sorted(os.sched_getaffinity(0))
     procs = []

@@ -19,7 +19,7 @@ from triton_embed import (
 from triton_embed.corpus import read_fortunes, write_jsonl
 from triton_embed_server.launcher import free_port
 
-from .conftest import COSINE_MIN, DIM, cosines
+from tests.helpers import COSINE_MIN, DIM, cosines
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import pytest
 from triton_embed.codec import decode_embeddings
 from triton_embed.corpus import read_fortunes
 
-from .conftest import COSINE_MIN, DIM, MAX_LENGTH, cosines, infer_embed
+from tests.helpers import COSINE_MIN, DIM, MAX_LENGTH, cosines, infer_embed
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +53,7 @@ def test_eight_concurrent_clients_get_their_own_results_in_order(
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         results = list(pool.map(call, batches))
-    for batch, runs in zip(batches, results):
+    for batch, runs in zip(batches, results, strict=True):
         want = reference_model.encode(batch, convert_to_numpy=True)
         for got in runs:
             assert got.shape == (len(batch), DIM)

@@ -19,7 +19,7 @@ import tritonclient.grpc as grpcclient
 from triton_embed_server.launcher import TritonServer
 from tritonclient.utils import InferenceServerException
 
-from .conftest import MAX_LENGTH, text_input
+from tests.helpers import MAX_LENGTH, text_input
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -137,7 +137,7 @@ def test_failing_traffic_does_not_leak_and_counts_as_failures(fault_server):
 
 def test_large_responses_pass_grpc_and_perf_analyzer(fault_server, tmp_path):
     client = grpcclient.InferenceServerClient(fault_server.grpc_url)
-    long_texts = [("sentence %d " % i) * 3000 for i in range(64)]  # 64 x ~40 KB in, 64 x 1536 B out
+    long_texts = [f"sentence {i} " * 3000 for i in range(64)]  # 64 x ~40 KB in, 64 x 1536 B out
     result = texts_request(client, long_texts)
     client.close()
     assert result.as_numpy("EMBEDDING").shape == (64, 1)

@@ -11,7 +11,7 @@ import tritonclient.grpc as grpcclient
 from triton_embed.codec import decode_embeddings, encode_token_ids
 from tritonclient.utils import InferenceServerException
 
-from .conftest import COSINE_MIN, DIM, MAX_LENGTH, cosines, text_input
+from tests.helpers import COSINE_MIN, DIM, MAX_LENGTH, cosines, text_input
 
 pytestmark = pytest.mark.integration
 

@@ -5,21 +5,21 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import time
 
 import numpy as np
 import psutil
 import pytest
-from triton_embed import doctor
 from triton_embed.cli import main as cli_main
 from triton_embed.codec import encode_token_ids
-from triton_embed_server.engine import instance_index
+from triton_embed_server import doctor
 from triton_embed_server.launcher import REPO_ROOT, TritonServer
 from triton_embed_server.metrics import NUMA_EVENTS, REPORT_INTERVAL_S, cost_per_million_tokens
+from triton_embed_server.placement.plan import instance_index
+from triton_embed_server.repository import copy_repository, edit_config
 from triton_embed_server.topology import parse_cpu_list
 
-from .conftest import MAX_LENGTH, infer_embed, metric_sum, scrape, text_input
+from tests.helpers import DIM, MAX_LENGTH, infer_embed, metric_sum, text_input
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +45,7 @@ def test_metrics_count_what_the_tokenizer_produced_and_failures_as_failures(
 ):
     expected_tokens = sum(min(len(hf_tokenizer(t)["input_ids"]), MAX_LENGTH) for t in TEXTS)
     time.sleep(REPORT_INTERVAL_S + 1)  # earlier tests' counts are flushed before the baseline
-    before = scrape(server)
+    before = server.metric_samples()
     for batch in (TEXTS[:1], TEXTS[1:3], TEXTS):
         infer_embed(grpc_client, batch)
     with pytest.raises(Exception, match="text 0 is empty"):
@@ -59,7 +59,7 @@ def test_metrics_count_what_the_tokenizer_produced_and_failures_as_failures(
     with pytest.raises(Exception, match="outside the vocabulary"):
         grpc_client.infer("embedder", [inp])
     time.sleep(REPORT_INTERVAL_S + 1)  # the gauges' refresh
-    after = scrape(server)
+    after = server.metric_samples()
 
     def delta(name, **labels):
         return metric_sum(after, name, **labels) - metric_sum(before, name, **labels)
@@ -98,7 +98,7 @@ def test_embedder_instances_are_placed_where_the_doctor_plans(server):
     plan = doctor.plan_placement(
         doctor.gather_host(process_cpus=lambda: server_cpus), cpu_instances=len(stubs)
     )
-    samples = scrape(server)
+    samples = server.metric_samples()
     assert len(stubs) == len(plan.instances) >= 2
     for name, stub in stubs.items():
         want = plan.instances[instance_index(name)]
@@ -141,22 +141,12 @@ def priced_server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("priced")
     plan = tmp / "plan.json"
     assert cli_main(["doctor", "--cpu-instances", "1", "--plan-out", str(plan)]) == 0
-    repo = tmp / "repository"
-    shutil.copytree(
-        REPO_ROOT / "model_repository", repo, ignore=shutil.ignore_patterns("__pycache__")
+    repo = copy_repository(tmp / "repository")
+    edit_config(
+        repo / "embedder" / "config.pbtxt",
+        count=1,
+        parameters={"numa_placement": str(plan), "hourly_price_usd": "0.36", "cost_window_s": "5"},
     )
-    config = repo / "embedder" / "config.pbtxt"
-    text = config.read_text().replace("count: 2", "count: 1")
-    for key, value in (
-        ("numa_placement", str(plan)),
-        ("hourly_price_usd", "0.36"),
-        ("cost_window_s", "5"),
-    ):
-        text, n = re.subn(
-            rf'(key: "{key}", value: {{ string_value: )"[^"]*"', rf'\g<1>"{value}"', text
-        )
-        assert n == 1, key
-    config.write_text(text)
     srv = TritonServer(model_repository=repo, ready_timeout_s=400)
     srv.start()
     yield srv, json.loads(plan.read_text())
@@ -173,7 +163,7 @@ def test_cost_gauge_follows_price_and_measured_throughput(priced_server):
         infer_embed(client, TEXTS[:3] * 4)
     client.close()
     time.sleep(REPORT_INTERVAL_S + 0.5)
-    samples = scrape(srv)
+    samples = srv.metric_samples()
     tps = metric_sum(samples, "triton_embed_tokens_per_second", model="embedder")
     cost = metric_sum(samples, "triton_embed_cost_per_million_tokens_usd", model="embedder")
     assert metric_sum(samples, "triton_embed_hourly_price_usd", model="embedder") == pytest.approx(
@@ -198,7 +188,7 @@ def test_cost_gauge_follows_price_and_measured_throughput(priced_server):
     assert re.search(r"placement \(/.*plan\.json\): NUMA node 0", srv.log_tail(200_000))
     # idle: after the window, the throughput is 0 and the cost per token undefined (NaN)
     time.sleep(5 + REPORT_INTERVAL_S + 0.5)
-    samples = scrape(srv)
+    samples = srv.metric_samples()
     assert metric_sum(samples, "triton_embed_tokens_per_second", model="embedder") == 0
     assert np.isnan(
         metric_sum(samples, "triton_embed_cost_per_million_tokens_usd", model="embedder")
@@ -250,7 +240,7 @@ def test_serve_script_per_numa_node_serves_and_stops(tmp_path):
             assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
             time.sleep(1)
         with EmbeddingClient(f"127.0.0.1:{grpc}") as client:
-            assert client.embed(["per node"]).shape == (1, 384)
+            assert client.embed(["per node"]).shape == (1, DIM)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=90) in (0, 1)  # 1: Triton's exit timeout (README, faults)
         out = (tmp_path / "serve.log").read_text()

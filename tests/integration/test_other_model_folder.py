@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import re
 import shutil
 
 import numpy as np
 import pytest
-from triton_embed_server.launcher import REPO_ROOT, TritonServer
+from triton_embed_server.launcher import TritonServer
+from triton_embed_server.repository import copy_repository, edit_config
 
-from .conftest import COSINE_MIN, MODEL_PATH, cosines, infer_embed
+from tests.helpers import COSINE_MIN, MODEL_PATH, cosines, infer_embed
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -17,17 +17,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def test_a_copied_model_folder_serves_by_changing_model_path(tmp_path, reference_model):
     model_copy = tmp_path / "my-local-model"
     shutil.copytree(MODEL_PATH, model_copy)
-    repo = tmp_path / "model_repository"
-    shutil.copytree(REPO_ROOT / "model_repository", repo)
+    repo = copy_repository(tmp_path / "model_repository")
     for name in ("tokenizer", "embedder"):
-        config = repo / name / "config.pbtxt"
-        text, n = re.subn(
-            r'(key: "model_path", value: \{ string_value: ")[^"]*(")',
-            rf"\g<1>{model_copy}\g<2>",
-            config.read_text(),
+        edit_config(
+            repo / name / "config.pbtxt", count=1, parameters={"model_path": str(model_copy)}
         )
-        assert n == 1
-        config.write_text(text.replace("count: 2", "count: 1"))
     with TritonServer(model_repository=repo) as server:
         import tritonclient.grpc as grpcclient
 

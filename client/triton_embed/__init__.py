@@ -1,6 +1,7 @@
 """triton-embed: text embeddings served by a Triton ensemble (tokenizer -> vLLM pooling).
 
-Public API: :class:`EmbeddingClient`, its errors, and the wire codec (:mod:`triton_embed.codec`).
+Public API: :class:`EmbeddingClient`, its errors, its request options
+(:mod:`triton_embed.options`) and the wire codec (:mod:`triton_embed.codec`).
 """
 
 from triton_embed.client import EmbeddingClient, EmbedResult
@@ -10,6 +11,7 @@ from triton_embed.errors import (
     InvalidInputError,
     ServerUnavailableError,
 )
+from triton_embed.options import InvalidUtf8, RequestOptions, Truncation
 
 __all__ = [
     "EmbeddingClient",
@@ -17,5 +19,8 @@ __all__ = [
     "EmbedClientError",
     "EmbedTimeoutError",
     "InvalidInputError",
+    "InvalidUtf8",
+    "RequestOptions",
     "ServerUnavailableError",
+    "Truncation",
 ]

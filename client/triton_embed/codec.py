@@ -93,6 +93,12 @@ def encode_token_ids(token_ids: Iterable[Sequence[int]]) -> np.ndarray:
 def decode_token_ids(element: bytes) -> list[int]:
     """Decode one little-endian int32 BYTES element into a list of token IDs.
 
+    Args:
+        element: one payload of ``4 * num_tokens`` bytes.
+
+    Returns:
+        ``num_tokens`` Python ``int`` token IDs, in order.
+
     Raises:
         ValueError: the payload length is not a multiple of 4.
     """

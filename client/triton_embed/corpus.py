@@ -95,7 +95,12 @@ def read_fortunes(
 
 
 def write_jsonl(path: str | Path, records: list[dict]) -> None:
-    """Write records as JSON Lines (UTF-8, one object per line)."""
+    """Write records as JSON Lines (UTF-8, one object per line, non-ASCII kept as is).
+
+    Args:
+        path: the file to write (replaced if it exists).
+        records: JSON-serializable objects, written in order.
+    """
     with open(path, "w", encoding="utf-8") as f:
         for record in records:
             f.write(json.dumps(record, ensure_ascii=False) + "\n")

@@ -6,7 +6,12 @@ class EmbedClientError(Exception):
 
 
 class InvalidInputError(EmbedClientError, ValueError):
-    """The server (or the client) rejected the input; the message says what and why."""
+    """The input was rejected; the message says what and why.
+
+    Raised when the server answers ``INVALID_ARG`` (gRPC ``INVALID_ARGUMENT``, HTTP 400:
+    a text breaks the input contract, or a request option has a value outside those of
+    :mod:`triton_embed.options`), and when the client refuses an argument before sending.
+    """
 
 
 class ServerUnavailableError(EmbedClientError, ConnectionError):

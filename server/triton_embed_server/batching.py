@@ -15,6 +15,9 @@ T = TypeVar("T")
 def flatten(per_request: Sequence[Sequence[T]]) -> tuple[list[T], list[int]]:
     """Concatenate per-request items.
 
+    Args:
+        per_request: one sequence of items per request (texts, token-ID lists, ...).
+
     Returns:
         ``(flat, counts)``: all items in request order, and the number of items of each
         request (``sum(counts) == len(flat)``).
@@ -29,6 +32,14 @@ def flatten(per_request: Sequence[Sequence[T]]) -> tuple[list[T], list[int]]:
 
 def split(flat: Sequence[T], counts: Sequence[int]) -> list[Sequence[T]]:
     """Split ``flat`` into consecutive slices of ``counts[i]`` items (numpy arrays too).
+
+    Args:
+        flat: the results of all requests, in request order (a list, or an array whose
+            first axis is the item axis).
+        counts: items per request, as :func:`flatten` returned them.
+
+    Returns:
+        ``len(counts)`` slices of ``flat``, of the same type (a numpy slice is a view).
 
     Raises:
         ValueError: a count is negative or the counts do not add up to ``len(flat)``.

@@ -1,4 +1,5 @@
-"""Property tests: arbitrary bytes, lengths and request options never crash the tokenizer step."""
+"""The input contract: arbitrary bytes, lengths and request options never crash the tokenizer
+step, and the client sends the options the server reads."""
 
 from __future__ import annotations
 
@@ -109,3 +110,40 @@ def test_whitespace_runs_do_not_push_words_past_the_character_cap(tokenizer):
     text = (" " * 20000 + "the cat sat on the mat").encode()
     (result,) = tokenizer.tokenize_requests([TextRequest([text])])
     assert result.num_tokens == [8]  # [CLS] the cat sat on the mat [SEP]
+
+
+# --- the same options on the client side -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"truncation": "middle"}, "truncation='middle' is not one of NONE, END, START"),
+        ({"invalid_utf8": "ignore"}, "invalid_utf8='ignore' is not one of error, replace"),
+        ({"allow_empty": "maybe"}, "allow_empty='maybe' must be true or false"),
+    ],
+)
+def test_client_refuses_a_bad_option_before_sending(kwargs, message):
+    from triton_embed import EmbeddingClient, InvalidInputError
+
+    with pytest.raises(InvalidInputError) as info:
+        EmbeddingClient("127.0.0.1:1", **kwargs)  # nothing listens there: never reached
+    assert str(info.value) == message
+
+
+def test_client_sends_the_options_the_server_reads(monkeypatch):
+    from triton_embed import EmbeddingClient
+
+    monkeypatch.setattr(EmbeddingClient, "_server_max_batch_size", lambda self: 64)
+    client = EmbeddingClient(
+        "127.0.0.1:1", truncation="start", allow_empty=False, invalid_utf8="REPLACE"
+    )
+    assert client.parameters == {
+        "truncation": "START",
+        "allow_empty": False,
+        "invalid_utf8": "replace",
+    }
+    assert parse_request_options(client.parameters) == RequestOptions(
+        Truncation.START, False, InvalidUtf8.REPLACE
+    )
+    assert EmbeddingClient("127.0.0.1:1").parameters == {}  # server defaults apply

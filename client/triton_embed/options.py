@@ -17,8 +17,9 @@ parameter                 values (case-insensitive)   when absent
 ========================  ==========================  ==========================================
 
 A value outside its allowed set is an error that names the parameter, the value and the
-allowed values. Parameters with other names are not options of this service (Triton adds
-its own, such as ``sequence_id`` or ``priority``) and are left alone.
+allowed values. A parameter with any other name is an error too (a misspelt option must not
+be silently ignored), except the names the KServe v2 / Triton protocols reserve for
+themselves (:data:`RESERVED`, and any name starting with ``triton_``), which are left alone.
 """
 
 from __future__ import annotations
@@ -33,6 +34,23 @@ ALLOW_EMPTY = "allow_empty"
 INVALID_UTF8 = "invalid_utf8"
 #: The request-parameter names this service reads, in documentation order.
 NAMES = (TRUNCATION, ALLOW_EMPTY, INVALID_UTF8)
+
+#: Request-parameter names Triton's protocols use for their own purposes (Triton's
+#: ``docs/protocol/extension_parameters.md`` and ``extension_sequence.md``); they are not
+#: options of this service and are ignored, as are names starting with ``triton_``.
+RESERVED = frozenset(
+    {
+        "sequence_id",
+        "sequence_start",
+        "sequence_end",
+        "priority",
+        "timeout",
+        "binary_data_output",
+        "binary_data",
+        "binary_data_size",
+        "headers",
+    }
+)
 
 _TRUE = ("true", "1")
 _FALSE = ("false", "0")
@@ -148,12 +166,29 @@ class RequestOptions:
 
         Args:
             parameters: the request's KServe v2 parameters, e.g. ``{"truncation": "NONE"}``.
-                Keys other than :data:`NAMES` are ignored.
+                Keys in :data:`RESERVED` or starting with ``triton_`` are ignored.
 
         Raises:
-            ValueError: an option has a value outside its allowed set; the message starts
-                with ``request parameter <name>=<value>`` and lists the allowed values.
+            ValueError: an option has a value outside its allowed set (the message starts
+                with ``request parameter <name>=<value>`` and lists the allowed values), or a
+                key is not an option of this service (the message names it and the options).
         """
+        unknown = sorted(
+            str(k)
+            for k in parameters
+            if k not in NAMES and k not in RESERVED and not str(k).startswith("triton_")
+        )
+        if unknown:
+            listed = ", ".join(repr(k) for k in unknown)
+            what = (
+                "parameter {} is not an option"
+                if len(unknown) == 1
+                else "parameters {} are not options"
+            )
+            raise ValueError(
+                f"request {what.format(listed)} of this service; "
+                f"the options are {', '.join(NAMES)}; remove it or fix its spelling"
+            )
         try:
             return cls(**{name: parameters[name] for name in NAMES if name in parameters})
         except ValueError as exc:

@@ -72,6 +72,14 @@ def test_unknown_truncation_value_is_rejected(grpc_client):
     assert_invalid(call(grpc_client, ["x"], truncation="MIDDLE"), "MIDDLE", "NONE, END, START")
 
 
+def test_misspelt_request_parameter_is_rejected(grpc_client):
+    assert_invalid(
+        call(grpc_client, ["x"], truncaton="NONE"),
+        "'truncaton' is not an option",
+        "truncation, allow_empty, invalid_utf8",
+    )
+
+
 # ---- empty, UTF-8, control characters ---------------------------------------------------
 def test_empty_text_is_rejected_with_its_index(grpc_client):
     assert_invalid(call(grpc_client, ["fine", ""]), "text 1 is empty", "allow_empty")

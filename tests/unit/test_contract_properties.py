@@ -84,7 +84,7 @@ def test_any_length_gives_a_vector_sized_input_or_too_long(tokenizer, words):
 
 @given(
     st.dictionaries(
-        st.sampled_from(["truncation", "allow_empty", "invalid_utf8", "priority"]),
+        st.sampled_from(["truncation", "allow_empty", "invalid_utf8", "priority", "truncaton"]),
         st.one_of(
             st.sampled_from(["NONE", "end", " Start ", "true", "FALSE", "1", "0", "Replace"]),
             st.text(max_size=8),
@@ -98,8 +98,13 @@ def test_request_options_parse_or_raise_invalid_argument(params):
         options = parse_request_options(params)
     except InvalidArgumentError as exc:
         assert str(exc).startswith("request parameter ")
-        assert any(f"request parameter {name}=" in str(exc) for name in params)
+        if "truncaton" in params:  # a misspelt option is refused, naming it and the options
+            assert "'truncaton' is not an option" in str(exc)
+            assert "truncation, allow_empty, invalid_utf8" in str(exc)
+        else:
+            assert any(f"request parameter {name}=" in str(exc) for name in params)
     else:
+        assert "truncaton" not in params
         # Every option the request set is kept, normalized; the client sends it back as is.
         sent = options.to_parameters()
         assert set(sent) == set(params) - {"priority"}

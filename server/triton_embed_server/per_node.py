@@ -1,12 +1,12 @@
 """One ``tritonserver`` per NUMA node, as ``triton-embed doctor`` plans it.
 
-The second source study (shared/seeds/numa-aware-vllm-cluster-case-study.ru.txt) lost 30% of
-a host's throughput to workers that ran on one socket and used memory and GPUs of the other;
-its fix was one worker group per NUMA node, pinned and declared. On a multi-node host this
-starts each planned server under ``numactl --cpunodebind=N --membind=N`` with
-``CUDA_VISIBLE_DEVICES`` set to that node's GPUs and its own ports (node k listens on the base
-ports + ``port_step * k``); inside it, ``numa_placement=auto`` places the instances on that
-node's cores. On a single-node host it runs one server, exactly like ``scripts/serve.sh``.
+A process that runs on one NUMA node while its memory and GPUs belong to another reaches them
+across the interconnect between the sockets, with more latency and less bandwidth than local
+accesses. On a multi-node host this starts each planned server under
+``numactl --cpunodebind=N --membind=N`` with ``CUDA_VISIBLE_DEVICES`` set to that node's GPUs
+and its own ports (node k listens on the base ports + ``port_step * k``); inside it,
+``numa_placement=auto`` places the instances on that node's cores. On a single-node host it
+runs one server, exactly like ``scripts/serve.sh``.
 
 Requests are not routed between the servers by this process: each server is a complete
 ``embed`` endpoint, and clients (or a gRPC load balancer in front) spread requests across the
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from triton_embed_server.instance_group import instance_count, read_config_pbtxt
 from triton_embed_server.supervisor import option_value
 
 BASE_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
@@ -45,17 +45,15 @@ class NodeServer:
 
 
 def embedder_count(repository: Path, config_name: str | None) -> int:
-    """The embedder's ``instance_group`` count in the config the server will load.
+    """The embedder's instances per device in the config the server will load.
 
     Raises:
-        ValueError: the config has no ``count``.
+        OSError: the config cannot be read.
+        ValueError: it is not a Triton model config.
     """
     folder = repository / "embedder"
     path = folder / "configs" / f"{config_name}.pbtxt" if config_name else folder / "config.pbtxt"
-    match = re.search(r"instance_group\s*\[\s*\{[^}]*count:\s*(\d+)", path.read_text())
-    if not match:
-        raise ValueError(f"{path}: no instance_group count")
-    return int(match.group(1))
+    return instance_count(read_config_pbtxt(path)).per_device
 
 
 def node_servers(
@@ -126,8 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         node = "any node" if s.numa_node is None else f"NUMA node {s.numa_node}"
         env = " ".join(f"{k}={v}" for k, v in s.env.items())
         print(
-            f"per_node: {node}: grpc {args.bind_address}:{s.ports['grpc']}, http :{s.ports['http']}, "
-            f"metrics :{s.ports['metrics']}: {env} {' '.join(s.argv)}".replace("  ", " "),
+            f"per_node: {node}: grpc {args.bind_address}:{s.ports['grpc']}, "
+            f"http :{s.ports['http']}, metrics :{s.ports['metrics']}: "
+            f"{env} {' '.join(s.argv)}".replace("  ", " "),
             flush=True,
         )
     if args.dry_run:
@@ -144,14 +143,17 @@ def main(argv: list[str] | None = None) -> int:
     # One node's server gone (a failed start, or the supervisor's exit 70) stops the others:
     # an orchestrator then restarts the whole host instead of serving with a node missing.
     while True:
-        done = [(s, p.returncode) for s, p in zip(servers, procs) if p.poll() is not None]
+        done = [
+            (s, p.returncode) for s, p in zip(servers, procs, strict=True) if p.poll() is not None
+        ]
         if done:
             break
         time.sleep(1)
     server, code = done[0]
     if len(done) < len(procs) or code:
         print(
-            f"per_node: the server of NUMA node {server.numa_node} exited with {code}; stopping the others",
+            f"per_node: the server of NUMA node {server.numa_node} exited with {code}; "
+            "stopping the others",
             file=sys.stderr,
             flush=True,
         )

@@ -31,6 +31,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from triton_embed_server.instance_group import instance_count
+
 STUB_MARKER = "triton_python_backend_stub"
 EXIT_RELOAD_FAILED = 70
 
@@ -145,9 +147,9 @@ class Supervisor:
     def expected_stubs(self) -> dict[str, int]:
         """Stub processes each loaded Python-backend model should have.
 
-        From the live configs: the sum of ``instance_group`` counts for ``KIND_CPU`` (and
-        ``count x len(gpus)`` where GPUs are listed); at least what runs now (a ``KIND_GPU``
-        group without a GPU list runs ``count`` copies on every GPU).
+        From the live configs (:func:`~triton_embed_server.instance_group.instance_count`);
+        at least what runs now (a ``KIND_GPU`` group without a GPU list runs ``count``
+        copies on every GPU).
         """
         running: dict[str, int] = {}
         for model in self.stubs().values():
@@ -161,10 +163,7 @@ class Supervisor:
                     config = json.loads(r.read())
             except (OSError, ValueError):
                 continue
-            total = 0
-            for group in config.get("instance_group") or []:
-                total += int(group.get("count", 1) or 1) * max(1, len(group.get("gpus") or []))
-            expected[model] = max(total, running[model])
+            expected[model] = max(instance_count(config).total, running[model])
         return expected
 
     def run(self) -> int:

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-from triton_embed import doctor, topology
-from triton_embed_server import per_node
+from triton_embed_server import doctor, per_node, topology
 from triton_embed_server.launcher import REPO_ROOT
 
-FIXTURES = REPO_ROOT.parent / "shared" / "fixtures" / "topology"
+CAPTURES = Path(__file__).resolve().parents[1] / "data" / "topology"
 
 
 def test_embedder_count_of_each_shipped_config():
@@ -20,11 +18,9 @@ def test_embedder_count_of_each_shipped_config():
 
 
 def test_two_node_gpu_host_gets_one_bound_server_per_node():
-    if not FIXTURES.is_dir():
-        pytest.skip(f"{FIXTURES} not present (shared fixtures live beside the repository)")
     host = doctor.build_host(
-        topo=topology.parse_topo_matrix((FIXTURES / "topo_m_06.txt").read_text()),
-        numa=topology.parse_numactl((FIXTURES / "numactl_01.txt").read_text()),
+        topo=topology.parse_topo_matrix((CAPTURES / "topo_m_06.txt").read_text()),
+        numa=topology.parse_numactl((CAPTURES / "numactl_01.txt").read_text()),
     )
     plan = doctor.plan_placement(host, instances_per_gpu=2).to_dict()
     servers = per_node.node_servers(plan, ["--model-repository", "r", "--model-config-name", "gpu"])
@@ -70,11 +66,23 @@ def test_single_node_host_runs_one_unbound_server(capsys):
         assert "grpc 127.0.0.1:9101" in lines[0] and "--metrics-port 9102" in lines[0]
 
 
-def test_embedder_count_without_instance_group(tmp_path: Path):
-    (tmp_path / "embedder").mkdir()
+def test_embedder_count_reads_the_config_the_server_loads(tmp_path: Path):
+    (tmp_path / "embedder" / "configs").mkdir(parents=True)
     (tmp_path / "embedder" / "config.pbtxt").write_text('name: "embedder"\n')
-    with pytest.raises(ValueError, match="no instance_group count"):
-        per_node.embedder_count(tmp_path, None)
+    (tmp_path / "embedder" / "configs" / "big.pbtxt").write_text(
+        'name: "embedder"\ninstance_group [ { count: 6, kind: KIND_CPU } ]\n'
+    )
+    assert per_node.embedder_count(tmp_path, None) == 1  # no instance_group: Triton's count 1
+    assert per_node.embedder_count(tmp_path, "big") == 6
+
+
+def test_unreadable_config_is_a_one_line_error(tmp_path, capsys):
+    (tmp_path / "embedder").mkdir()
+    (tmp_path / "embedder" / "config.pbtxt").write_text("instance_group [ { count: x } ]\n")
+    assert per_node.main(["--dry-run", "--", "--model-repository", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("per_node: error: cannot read the embedder config of ")
+    assert "not a Triton model config" in err and "Traceback" not in err
 
 
 def test_missing_repository_is_a_one_line_error(tmp_path, capsys):

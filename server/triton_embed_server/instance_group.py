@@ -1,0 +1,62 @@
+"""How many instances a model runs: the one reader of Triton's ``instance_group``.
+
+Triton hands ``initialize`` the model config as JSON and serves the same JSON at
+``GET /v2/models/<name>/config``; a ``config.pbtxt`` is the same ``ModelConfig`` message in
+protobuf text format, which :func:`read_config_pbtxt` turns into that JSON. Every instance
+count in this project comes from :func:`instance_count` over that JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class InstanceCount:
+    """A model's instance counts.
+
+    Attributes:
+        per_device: the first group's ``count``: copies on each listed GPU (``KIND_GPU``) or
+            in the host (``KIND_CPU``); the copies that share one device.
+        total: the stub processes the groups ask for: per group ``count`` times the number
+            of GPUs it lists (1 when it lists none; a ``KIND_GPU`` group without a list runs
+            ``count`` copies on every GPU, so this is a lower bound there).
+    """
+
+    per_device: int
+    total: int
+
+
+def instance_count(model_config: Mapping[str, Any]) -> InstanceCount:
+    """The instance counts of a model config (JSON form).
+
+    A missing ``instance_group`` or ``count`` means 1, as in Triton's model configuration
+    (``count`` defaults to 1).
+    """
+    groups = model_config.get("instance_group") or [{}]
+    counts = [max(1, int(group.get("count", 1) or 1)) for group in groups]
+    total = sum(
+        n * max(1, len(group.get("gpus") or [])) for n, group in zip(counts, groups, strict=True)
+    )
+    return InstanceCount(per_device=counts[0], total=total)
+
+
+def read_config_pbtxt(path: Path) -> dict[str, Any]:
+    """A ``config.pbtxt`` in the JSON form Triton serves (protobuf field names).
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: it is not a ``ModelConfig`` in protobuf text format (names the file).
+    """
+    from google.protobuf import json_format, text_format
+    from tritonclient.grpc import model_config_pb2
+
+    text = path.read_text()
+    try:
+        message = text_format.Parse(text, model_config_pb2.ModelConfig())
+    except text_format.ParseError as exc:
+        raise ValueError(f"{path}: not a Triton model config: {exc}") from None
+    return json_format.MessageToDict(message, preserving_proto_field_name=True)

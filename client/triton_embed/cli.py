@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-from triton_embed_server.doctor import CAPTURE_FILES_HELP, run_doctor
 
 from triton_embed.client import DEFAULT_MODEL, DEFAULT_URL, EmbeddingClient
 from triton_embed.corpus import read_texts
@@ -127,25 +126,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--from-dir",
         type=Path,
         default=None,
-        help="read captured outputs instead of running the commands: " + CAPTURE_FILES_HELP,
+        help="read captured outputs instead of running the commands: topo_m.txt "
+        "(nvidia-smi topo -m), p2p.txt (nvidia-smi topo -p2p w|r), lscpu.txt (lscpu), "
+        "numactl.txt (numactl --hardware)",
     )
     d.add_argument(
         "--instances-per-gpu",
         type=positive_int,
         default=4,
-        help="embedder instances per GPU, or per tensor-parallel group (default %(default)s)",
+        help="embedder instances per GPU (default %(default)s)",
     )
     d.add_argument(
         "--cpu-instances",
         type=positive_int,
         default=2,
         help="embedder instances on a CPU-only host, spread over NUMA nodes (default %(default)s)",
-    )
-    d.add_argument(
-        "--tp-size",
-        type=positive_int,
-        default=1,
-        help="GPUs per tensor-parallel group; groups never cross NUMA nodes (default %(default)s)",
     )
     d.add_argument("--plan-out", type=Path, default=None, help="also write the plan as JSON")
     return parser
@@ -316,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "query":
             run_query(args)
         elif args.command == "doctor":
+            # The doctor reads the serving host; the client never imports it otherwise.
+            from triton_embed_server.doctor import run_doctor
+
             run_doctor(args)
     except (EmbedClientError, OSError, ValueError) as exc:
         print(f"triton-embed {args.command}: error: {exc}", file=sys.stderr)

@@ -17,12 +17,15 @@ from pathlib import Path  # noqa: E402
 
 import triton_python_backend_utils as pb_utils  # noqa: E402
 from triton_embed import codec  # noqa: E402
-from triton_embed_server import engine as engine_mod  # noqa: E402
-from triton_embed_server import placement as placement_mod  # noqa: E402
 from triton_embed_server.batching import flatten, split  # noqa: E402
 from triton_embed_server.config import EmbedderConfig  # noqa: E402
+from triton_embed_server.doctor import host_plan  # noqa: E402
+from triton_embed_server.engine import PoolingEngine  # noqa: E402
 from triton_embed_server.errors import EmbedServingError, to_triton_error  # noqa: E402
 from triton_embed_server.metrics import InstanceReporter, StepMetrics  # noqa: E402
+from triton_embed_server.placement.apply import apply_placement  # noqa: E402
+from triton_embed_server.placement.plan import decide_placement, instance_index  # noqa: E402
+from triton_embed_server.token_ids import decode_request_token_ids  # noqa: E402
 
 
 class TritonPythonModel:
@@ -34,15 +37,17 @@ class TritonPythonModel:
         repository_dir = Path(args["model_repository"]).parent
         self.config = EmbedderConfig.from_model_config(model_config, repository_dir)
         name = args["model_instance_name"]
-        # Where this replica runs (numa_placement), applied before vLLM/torch start their
-        # threads, which inherit the CPU and memory binding.
-        placement, env = placement_mod.place_instance(
+        # Where this replica runs (numa_placement): decided once, applied before vLLM/torch
+        # start their threads, which inherit the CPU and memory binding.
+        placement = decide_placement(
             self.config,
             args.get("model_instance_kind", "CPU"),
-            engine_mod.instance_index(name),
+            instance_index(name),
             int(args.get("model_instance_device_id", 0) or 0),
+            auto_plan=host_plan,
         )
-        self.engine = engine_mod.PoolingEngine(self.config)
+        placement = apply_placement(placement)
+        self.engine = PoolingEngine(self.config)
         self.metrics = StepMetrics(pb_utils, "embedder", name)
         self.reporter = InstanceReporter(
             self.metrics,
@@ -55,7 +60,7 @@ class TritonPythonModel:
         pb_utils.Logger.log_info(
             f"embedder {name}: {self.config.model_path.name}, dim={self.engine.dim}, "
             f"max_length={self.config.max_length}, {placement.describe()}, "
-            f"env={env or 'vLLM default'}"
+            f"env={placement.env or 'vLLM default'}"
         )
 
     def execute(self, requests):
@@ -67,7 +72,7 @@ class TritonPythonModel:
                 pb_utils.get_input_tensor_by_name(request, "TOKEN_IDS").as_numpy().reshape(-1)
             )
             try:
-                ids = engine_mod.decode_request_token_ids(
+                ids = decode_request_token_ids(
                     [bytes(p) for p in payloads], self.engine.vocab_size, self.config.max_length
                 )
             except EmbedServingError as exc:
@@ -91,15 +96,18 @@ class TritonPythonModel:
         tokens = sum(per_request_tokens)
         self.metrics.execute_done(time.perf_counter() - t0, len(flat), tokens)
         self.reporter.add_tokens(tokens)
-        for r, vectors, ids, n_tokens in zip(valid, per_request, token_ids, per_request_tokens):
+        for r, vectors, ids, n_tokens in zip(
+            valid, per_request, token_ids, per_request_tokens, strict=True
+        ):
             self.metrics.success(texts=len(ids), tokens=n_tokens)
             tensor = pb_utils.Tensor("EMBEDDING", codec.encode_embeddings(vectors).reshape(-1, 1))
             responses[r] = pb_utils.InferenceResponse(output_tensors=[tensor])
         return responses
 
     def finalize(self):
-        """Free the metric families while the stub can still reach Triton (freeing them at
-        interpreter exit crashes the 2.51 stub).
+        """Free the metric families while the stub can still reach Triton.
+
+        Freeing them at interpreter exit crashes the Triton 2.51 stub.
         """
         self.metrics.stop()
         self.reporter = self.metrics = None

@@ -1,7 +1,9 @@
 """Ablation model: one step, raw strings tokenized by vLLM, JSON or bytes output.
 
 Benchmark only (perf/ablations/README.md). Reuses the product's engine and placement so the
-only differences from the ``embed`` ensemble are the ones being measured.
+only differences from the ``embed`` ensemble are the ones being measured: the texts go to the
+engine as strings, and vLLM tokenizes them inside the engine call (what a one-step server
+does).
 """
 
 import locale
@@ -9,31 +11,53 @@ import locale
 locale.setlocale(locale.LC_ALL, "C.UTF-8")
 
 import json  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 from triton_embed import codec  # noqa: E402
-from triton_embed_server import engine as engine_mod  # noqa: E402
-from triton_embed_server import placement as placement_mod  # noqa: E402
 from triton_embed_server.batching import flatten, split  # noqa: E402
 from triton_embed_server.config import EmbedderConfig, model_parameters  # noqa: E402
+from triton_embed_server.doctor import host_plan  # noqa: E402
+from triton_embed_server.engine import PoolingEngine  # noqa: E402
+from triton_embed_server.placement.apply import apply_placement  # noqa: E402
+from triton_embed_server.placement.plan import decide_placement, instance_index  # noqa: E402
+
+
+class TextEngine(PoolingEngine):
+    """The product's engine, fed raw strings instead of token IDs."""
+
+    def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed raw strings, tokenized by vLLM inside the engine call; float32 ``[n, dim]``."""
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return self._encode(list(texts))
 
 
 class TritonPythonModel:
+    """One text-in engine per model instance."""
+
     def initialize(self, args):
+        """Parse the config, place this replica, start its engine."""
         model_config = json.loads(args["model_config"])
         self.config = EmbedderConfig.from_model_config(
             model_config, Path(args["model_repository"]).parent
         )
         self.json_output = model_parameters(model_config).get("output_format", "json") == "json"
         name = args["model_instance_name"]
-        placement_mod.place_instance(
-            self.config, args.get("model_instance_kind", "CPU"), engine_mod.instance_index(name), 0
+        apply_placement(
+            decide_placement(
+                self.config,
+                args.get("model_instance_kind", "CPU"),
+                instance_index(name),
+                auto_plan=host_plan,
+            )
         )
-        self.engine = engine_mod.PoolingEngine(self.config)
+        self.engine = TextEngine(self.config)
 
     def execute(self, requests):
+        """Embed every request's texts in one engine call; JSON or float32 bytes out."""
         texts = [
             [
                 bytes(t).decode("utf-8", "replace")

@@ -1,0 +1,84 @@
+"""token_ids: decoding a request's TOKEN_IDS and rejecting IDs the engine must never see."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from triton_embed_server.errors import InvalidTokenIdsError
+from triton_embed_server.token_ids import decode_request_token_ids, validate_token_ids
+
+VOCAB = 30522
+
+
+def test_validate_accepts_good_ids():
+    assert validate_token_ids([101, 0, VOCAB - 1, 102], 0, VOCAB, 256) is None
+    assert validate_token_ids([1] * 256, 0, VOCAB, 256) is None
+
+
+def test_validate_empty():
+    with pytest.raises(InvalidTokenIdsError) as info:
+        validate_token_ids([], 4, VOCAB, 256)
+    assert str(info.value) == "text 4 has no token IDs; send at least one token"
+
+
+def test_validate_too_long():
+    with pytest.raises(InvalidTokenIdsError) as info:
+        validate_token_ids([1] * 257, 2, VOCAB, 256)
+    msg = str(info.value)
+    assert msg.startswith("text 2 has 257 token IDs; the model accepts 256")
+
+
+def test_validate_id_equal_to_vocab_size():
+    with pytest.raises(InvalidTokenIdsError) as info:
+        validate_token_ids([101, 5, VOCAB, 102], 1, VOCAB, 256)
+    msg = str(info.value)
+    assert msg.startswith(f"text 1 has token ID {VOCAB} at position 2, outside the vocabulary")
+    assert f"[0, {VOCAB})" in msg
+
+
+def test_validate_negative_id():
+    with pytest.raises(InvalidTokenIdsError) as info:
+        validate_token_ids([101, 7, 8, -1, 102], 0, VOCAB, 256)
+    assert str(info.value).startswith("text 0 has token ID -1 at position 3, outside")
+
+
+def test_validate_reports_first_bad_position():
+    with pytest.raises(InvalidTokenIdsError, match=r"token ID 99999 at position 1,"):
+        validate_token_ids([1, 99999, -5], 0, VOCAB, 256)
+
+
+def pack(ids):
+    return struct.pack(f"<{len(ids)}i", *ids)
+
+
+def test_decode_request_token_ids():
+    payloads = [pack([101, 7592, 102]), pack([101, 0, 102])]
+    assert decode_request_token_ids(payloads, VOCAB, 256) == [[101, 7592, 102], [101, 0, 102]]
+
+
+def test_decode_request_empty_request():
+    assert decode_request_token_ids([], VOCAB, 256) == []
+
+
+def test_decode_request_bad_length_names_text():
+    with pytest.raises(InvalidTokenIdsError) as info:
+        decode_request_token_ids([pack([1]), pack([1, 2]) + b"\x00"], VOCAB, 256)
+    msg = str(info.value)
+    assert msg.startswith("text 1: ")
+    assert "9 bytes" in msg
+    assert "multiple of 4" in msg
+
+
+def test_decode_request_empty_payload():
+    with pytest.raises(InvalidTokenIdsError, match="text 1 has no token IDs"):
+        decode_request_token_ids([pack([1]), b""], VOCAB, 256)
+
+
+def test_decode_request_out_of_vocab_and_too_long():
+    with pytest.raises(InvalidTokenIdsError, match=r"text 0 has token ID 30522 at position 0"):
+        decode_request_token_ids([pack([VOCAB])], VOCAB, 256)
+    with pytest.raises(InvalidTokenIdsError, match=r"text 2 has 5 token IDs; the model accepts 4"):
+        decode_request_token_ids([pack([1]), pack([1, 2]), pack([1] * 5)], VOCAB, 4)
+    with pytest.raises(InvalidTokenIdsError, match=r"token ID -2147483648 at position 1"):
+        decode_request_token_ids([pack([1, -(2**31)])], VOCAB, 256)

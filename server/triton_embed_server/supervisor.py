@@ -2,7 +2,8 @@
 
 Triton 2.51's Python backend does not notice a dead stub: the model stays READY, the server
 stays ready, and every request routed to that instance fails with "Stub process ... is not
-healthy" for ever (seen here: 2 minutes of 50% failures after killing one embedder stub).
+healthy" for ever (triton-inference-server/server #7230, #8604; ``tests/integration/
+test_faults.py`` kills one embedder stub and watches the requests routed to it fail).
 Newer Python backends add active health checks; this supervisor brings the same guarantee
 to 2.51:
 
@@ -83,6 +84,7 @@ class Supervisor:
         self._stop = threading.Event()
 
     def log(self, message: str) -> None:
+        """Write one ``[supervisor]`` line to stderr."""
         print(f"[supervisor] {message}", file=sys.stderr, flush=True)
 
     def _get(self, path: str) -> int:
@@ -219,8 +221,9 @@ class Supervisor:
         return self.process.returncode
 
     def _reap_stubs(self, grace_s: float = 10.0) -> None:
-        """Kill the stubs a stopped tritonserver left behind (seen after a failed start:
-        the embedder stubs outlive the server and ignore SIGTERM).
+        """Kill the stubs a stopped tritonserver left behind.
+
+        After a failed start the embedder stubs can outlive the server and ignore SIGTERM.
         """
         import psutil
 

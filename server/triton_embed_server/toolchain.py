@@ -6,8 +6,8 @@
   ``libtriton_python.so`` (the Python backend looks for ``triton_python_backend_stub`` in its
   own folder);
 * writes ``.venv/bin/tritonserver``, a wrapper that sets the environment the stub's embedded
-  interpreter needs (README, troubleshooting; three traps: which ``libpython``, which site-packages, and
-  vLLM's in-process engine) and adds ``--backend-directory`` unless given;
+  interpreter needs (docs/installation.md; the traps: which ``libpython``, which
+  site-packages, and vLLM's in-process engine) and adds ``--backend-directory`` unless given;
 * writes ``.venv/bin/perf_analyzer``, a wrapper that puts a ``libcudart.so.12`` on the
   library path for the 2.51 binary.
 
@@ -56,8 +56,9 @@ def triton_dir() -> Path:
 
 
 def python_libdir() -> str:
-    """The folder holding this interpreter's ``libpython3.X.so`` (the stub must load it,
-    not Debian's system copy).
+    """The folder holding this interpreter's ``libpython3.X.so``.
+
+    The stub must load this copy, not Debian's system one.
     """
     return str(sysconfig.get_config_var("LIBDIR"))
 
@@ -100,7 +101,8 @@ export LD_LIBRARY_PATH="{python_libdir()}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}
 export LC_ALL=C.UTF-8 LANG=C.UTF-8
 {env_lines}
 args=("$@")
-case " $* " in *" --backend-directory"*) ;; *) args+=(--backend-directory "{tdir / "backends"}");; esac
+backends="{tdir / "backends"}"
+case " $* " in *" --backend-directory"*) ;; *) args+=(--backend-directory "$backends");; esac
 exec "{tdir / "bin" / "tritonserver"}" "${{args[@]}}"
 """,
     )

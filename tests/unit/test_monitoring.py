@@ -122,9 +122,7 @@ def promtool() -> str:
     """scripts/setup.sh puts promtool into the venv; a missing one is a setup defect, not a skip."""
     venv = Path(sys.prefix) / "bin" / "promtool"
     path = str(venv) if venv.exists() else shutil.which("promtool")
-    assert path, (
-        "promtool not installed: run scripts/setup.sh (it extracts it from Debian's prometheus package)"
-    )
+    assert path, "promtool not installed: run scripts/setup.sh (from Debian's prometheus package)"
     return path
 
 

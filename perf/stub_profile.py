@@ -28,6 +28,7 @@ from pathlib import Path
 import psutil
 from triton_embed_server.launcher import TritonServer
 
+from perf.contenders.triton_pa import perf_analyzer_command, write_input_data
 from perf.corpora import exact_texts
 
 # Where a sampled stack belongs, by the first matching frame pattern, innermost first.
@@ -89,28 +90,18 @@ def main() -> int:
     texts = exact_texts(50)
     report: dict = {"case": f"50 tokens, 1 text/request, concurrency {args.concurrency}"}
     with TritonServer() as server, tempfile.TemporaryDirectory() as tmp:
-        data = Path(tmp, "data.json")
-        data.write_text(
-            json.dumps({"data": [{"TEXT": {"content": [t], "shape": [1]}} for t in texts]})
-        )
+        data = write_input_data(Path(tmp, "data.json"), texts)
         load = subprocess.Popen(
-            [
-                str(Path(sys.prefix) / "bin" / "perf_analyzer"),
-                "-m",
-                "embed",
-                "-i",
-                "grpc",
-                "-u",
+            perf_analyzer_command(
                 server.grpc_url,
-                "--input-data",
-                str(data),
+                data,
                 "--concurrency-range",
                 str(args.concurrency),
                 "--measurement-interval",
                 str(int(args.seconds * 5000)),
                 "-p",
                 str(int(args.seconds * 5000)),
-            ],
+            ),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -20,6 +20,32 @@ from triton_embed_server.metrics import REPORT_INTERVAL_S
 EXPECTED_TOKENS_S = 8000  # sizes perf_analyzer's count windows (the 2-core reference machine)
 
 
+def write_input_data(path: Path, texts: list[str]) -> Path:
+    """Write perf_analyzer's ``--input-data`` JSON: one ``TEXT`` [1] request per text, in turn.
+
+    Returns:
+        ``path``.
+    """
+    path.write_text(json.dumps({"data": [{"TEXT": {"content": [t], "shape": [1]}} for t in texts]}))
+    return path
+
+
+def perf_analyzer_command(url: str, data: Path, *options: str, model: str = "embed") -> list[str]:
+    """The perf_analyzer 2.51 command line that loads ``model`` over gRPC at ``url``.
+
+    Args:
+        url: the server's gRPC ``host:port``.
+        data: an ``--input-data`` JSON file (:func:`write_input_data`).
+        *options: further perf_analyzer options (concurrency, windows, ``-f`` ...).
+        model: the model to load.
+
+    Returns:
+        The argv, starting with the environment's ``bin/perf_analyzer`` wrapper.
+    """
+    binary = Path(sys.prefix) / "bin" / "perf_analyzer"
+    return [str(binary), "-m", model, "-i", "grpc", "-u", url, "--input-data", str(data), *options]
+
+
 def perf_analyzer(
     server: TritonServer,
     texts: list[str],
@@ -53,25 +79,15 @@ def perf_analyzer(
     """
     first = max(2 * conc, int(seconds * EXPECTED_TOKENS_S / (tokens_per_text * batch)))
     with tempfile.TemporaryDirectory() as tmp:
-        data = Path(tmp, "data.json")
-        data.write_text(
-            json.dumps({"data": [{"TEXT": {"content": [t], "shape": [1]}} for t in texts]})
-        )
+        data = write_input_data(Path(tmp, "data.json"), texts)
         out_csv = Path(tmp, "out.csv")
         before = served_counts(server) if count_tokens else None
         # A window of a few long requests can miss perf_analyzer's stability rule three
         # times running; it then asks for bigger windows, so the second try doubles it.
         for window in (first, 2 * first):
-            cmd = [
-                str(Path(sys.prefix) / "bin" / "perf_analyzer"),
-                "-m",
-                model,
-                "-i",
-                "grpc",
-                "-u",
+            cmd = perf_analyzer_command(
                 server.grpc_url,
-                "--input-data",
-                str(data),
+                data,
                 "-b",
                 str(batch),
                 "--concurrency-range",
@@ -88,7 +104,8 @@ def perf_analyzer(
                 "3",
                 "-f",
                 str(out_csv),
-            ]
+                model=model,
+            )
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
             if "Failed to obtain stable measurement" not in proc.stdout + proc.stderr:
                 break

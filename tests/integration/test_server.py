@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import subprocess
-import sys
-from pathlib import Path
 
 import psutil
 import pytest
 from triton_embed_server.launcher import REPO_ROOT
 
+from perf.contenders.triton_pa import perf_analyzer_command
 from tests.helpers import infer_embed
 
 pytestmark = pytest.mark.integration
@@ -40,19 +39,11 @@ def test_both_steps_show_executions_in_statistics(grpc_client):
 
 
 def test_perf_analyzer_reports_zero_errors(server):
-    perf_analyzer = Path(sys.prefix) / "bin" / "perf_analyzer"
     data = REPO_ROOT / "perf" / "data" / "embed_input.json"
     proc = subprocess.run(
-        [
-            str(perf_analyzer),
-            "-m",
-            "embed",
-            "-i",
-            "grpc",
-            "-u",
+        perf_analyzer_command(
             server.grpc_url,
-            "--input-data",
-            str(data),
+            data,
             "--concurrency-range",
             "2",
             "--measurement-interval",
@@ -61,7 +52,7 @@ def test_perf_analyzer_reports_zero_errors(server):
             "100",
             "--max-trials",
             "3",
-        ],
+        ),
         capture_output=True,
         text=True,
         timeout=300,

@@ -23,8 +23,18 @@ if [[ "${PER_NUMA_NODE:-0}" == "1" ]]; then
     exec "${ROOT}/.venv/bin/python" -m triton_embed_server.per_node --bind-address "$ADDR" -- \
         --model-repository "${MODEL_REPOSITORY:-${ROOT}/model_repository}" --log-verbose 0 "$@"
 fi
+# Python-backend shared memory (docs/operations.md, "Shared memory"): the supervisor sizes it
+# from the configs after checking /dev/shm; a bare tritonserver gets the same arguments here
+# (the script stops with the message if /dev/shm is too small).
+SHM_ARGS=()
+if [[ "${SUPERVISE:-1}" == "0" ]]; then
+    shm_args="$("${ROOT}/.venv/bin/python" -m triton_embed_server.shm args -- \
+        --model-repository "${MODEL_REPOSITORY:-${ROOT}/model_repository}" "$@")"
+    [[ -z "$shm_args" ]] || mapfile -t SHM_ARGS <<< "$shm_args"
+fi
 exec "${SUPERVISOR[@]}" \
     --model-repository "${MODEL_REPOSITORY:-${ROOT}/model_repository}" \
     --grpc-address "$ADDR" --http-address "$ADDR" --metrics-address "$ADDR" \
+    "${SHM_ARGS[@]}" \
     --log-verbose 0 \
     "$@"

@@ -23,24 +23,35 @@ class InstanceCount:
             in the host (``KIND_CPU``); the copies that share one device.
         total: the stub processes the groups ask for: per group ``count`` times the number
             of GPUs it lists (1 when it lists none; a ``KIND_GPU`` group without a list runs
-            ``count`` copies on every GPU, so this is a lower bound there).
+            ``count`` copies on every GPU, so this is a lower bound there unless the number
+            of visible GPUs was given).
     """
 
     per_device: int
     total: int
 
 
-def instance_count(model_config: Mapping[str, Any]) -> InstanceCount:
+def instance_count(model_config: Mapping[str, Any], gpus: int | None = None) -> InstanceCount:
     """The instance counts of a model config (JSON form).
 
     A missing ``instance_group`` or ``count`` means 1, as in Triton's model configuration
     (``count`` defaults to 1).
+
+    Args:
+        model_config: the config, as Triton serves it or :func:`read_config_pbtxt` reads it.
+        gpus: the GPUs the server sees, if known: a ``KIND_GPU`` group without a ``gpus``
+            list then counts ``count`` copies on each of them (at least one).
     """
     groups = model_config.get("instance_group") or [{}]
     counts = [max(1, int(group.get("count", 1) or 1)) for group in groups]
-    total = sum(
-        n * max(1, len(group.get("gpus") or [])) for n, group in zip(counts, groups, strict=True)
-    )
+
+    def devices(group: Mapping[str, Any]) -> int:
+        listed = len(group.get("gpus") or [])
+        if not listed and gpus is not None and group.get("kind") == "KIND_GPU":
+            return max(1, gpus)
+        return max(1, listed)
+
+    total = sum(n * devices(group) for n, group in zip(counts, groups, strict=True))
     return InstanceCount(per_device=counts[0], total=total)
 
 

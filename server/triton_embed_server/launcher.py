@@ -100,10 +100,16 @@ class TritonServer:
     def command(self) -> list[str]:
         """The full command line: ``tritonserver`` under the stub supervisor.
 
+        The Python backend's shared memory is sized from the configs
+        (:func:`triton_embed_server.shm.server_arguments`, unless ``extra_args`` set it), after
+        checking that ``/dev/shm`` has room for every stub.
+
         The supervisor restarts a model whose stub died; see
         :mod:`triton_embed_server.supervisor`.
         """
-        return [
+        from triton_embed_server import shm
+
+        argv = [
             sys.executable, "-m", "triton_embed_server.supervisor", "--",
             "--model-repository", str(self.model_repository),
             "--grpc-address", "127.0.0.1", "--grpc-port", str(self.grpc_port),
@@ -111,21 +117,26 @@ class TritonServer:
             "--metrics-address", "127.0.0.1", "--metrics-port", str(self.metrics_port),
             *self.extra_args,
         ]  # fmt: skip
+        split = argv.index("--") + 1
+        return [*argv[:split], *shm.server_arguments(argv[split:])]
 
     def start(self) -> TritonServer:
         """Start the server and wait until every model is ready.
 
         Raises:
+            SharedMemoryError: ``/dev/shm`` cannot hold the stubs' shared memory (a
+                ``RuntimeError`` saying how much is needed; nothing was started).
             RuntimeError: the server exited or was not ready within ``ready_timeout_s``
                 (the message holds the end of its log).
         """
+        command = self.command()
         if self.log_path is None:
             fd, name = tempfile.mkstemp(prefix="tritonserver-", suffix=".log")
             os.close(fd)
             self.log_path = Path(name)
         log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the process
         self.process = subprocess.Popen(
-            self.command(),
+            command,
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **self.env},

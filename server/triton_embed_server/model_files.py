@@ -94,3 +94,47 @@ def model_max_length(path: Path) -> int:
         "max_seq_length, tokenizer model_max_length or max_position_embeddings); set the "
         "max_length parameter"
     )
+
+
+# config.json keys that hold the width of a transformer's hidden states, by model family
+# (BERT/RoBERTa/most: hidden_size; T5: d_model; GPT-2: n_embd; DistilBERT: dim).
+_HIDDEN_SIZE_KEYS = ("hidden_size", "d_model", "n_embd", "dim")
+
+
+def embedding_dimension(path: Path) -> int:
+    """An upper bound of the length of the vectors the model produces.
+
+    The largest of: the transformer's hidden size (``config.json``: ``hidden_size``, or
+    ``d_model``, ``n_embd``, ``dim``), the ``word_embedding_dimension`` of a
+    sentence-transformers ``Pooling`` module and the ``out_features`` of its ``Dense``
+    modules (the modules listed in ``modules.json``). For all-MiniLM-L6-v2 all say 384.
+
+    Raises:
+        ValueError: none of them is present.
+    """
+    found = []
+    config = _read_json(path / "config.json")
+    found += [config.get(key) for key in _HIDDEN_SIZE_KEYS]
+    modules = _read_json_list(path / "modules.json")
+    for module in modules:
+        kind = str(module.get("type", "")) if isinstance(module, dict) else ""
+        folder = path / str(module.get("path", "")) if isinstance(module, dict) else path
+        if kind.endswith(".Pooling"):
+            found.append(_read_json(folder / "config.json").get("word_embedding_dimension"))
+        elif kind.endswith(".Dense"):
+            found.append(_read_json(folder / "config.json").get("out_features"))
+    sizes = [n for n in found if isinstance(n, int) and not isinstance(n, bool) and n > 0]
+    if not sizes:
+        raise ValueError(
+            f"{path}: cannot tell the embedding dimension (no config.json hidden_size, "
+            "d_model, n_embd or dim, and no sentence-transformers Pooling or Dense module)"
+        )
+    return max(sizes)
+
+
+def _read_json_list(path: Path) -> list:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    return value if isinstance(value, list) else []

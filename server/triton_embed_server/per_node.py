@@ -131,6 +131,23 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.dry_run:
         return 0
+    # The servers share this host's /dev/shm: it must hold all their stubs' shared memory
+    # before any starts (each server's supervisor then checks its own share again).
+    from triton_embed_server import shm
+
+    try:
+        needed = sum(
+            shm.plan_arguments(rest, len(p.get("gpus") or []) or None).needed_bytes(
+                shm.given_default_byte_size(rest)
+            )
+            for p in plan.get("servers") or [{}]
+        )
+        shm.require_space(needed, f"the Python-backend stubs of {len(servers)} server(s)")
+    except shm.SharedMemoryError as exc:
+        print(f"per_node: error: {exc}", file=sys.stderr, flush=True)
+        return shm.EXIT_TOO_SMALL
+    except (OSError, ValueError) as exc:  # tritonserver reports a bad config itself
+        print(f"per_node: shared memory not sized: {exc}", file=sys.stderr, flush=True)
     procs = [subprocess.Popen(s.argv, env={**os.environ, **s.env}) for s in servers]
 
     def forward(signum, _frame):

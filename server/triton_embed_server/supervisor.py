@@ -289,6 +289,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--tritonserver", default=str(Path(sys.prefix) / "bin" / "tritonserver"))
     opts = parser.parse_args(own)
+    from triton_embed_server import shm
+
+    def log(message: str) -> None:
+        print(f"[supervisor] {message}", file=sys.stderr, flush=True)
+
+    try:  # Python-backend shared memory sized from the configs; /dev/shm checked first
+        server_args = shm.server_arguments(server_args, log=log)
+    except shm.SharedMemoryError as exc:
+        log(f"error: {exc}")
+        return shm.EXIT_TOO_SMALL
     command = [opts.tritonserver, *server_arguments(server_args)]
     return Supervisor(command, opts.poll_s, opts.max_reloads).run()
 

@@ -23,6 +23,21 @@ def test_instance_count(groups, per_device, total):
     assert instance_count({"instance_group": groups}) == InstanceCount(per_device, total)
 
 
+@pytest.mark.parametrize(
+    "groups, gpus, total",
+    [
+        ([{"count": 4, "kind": "KIND_GPU"}], 8, 32),  # count on each visible GPU
+        ([{"count": 4, "kind": "KIND_GPU"}], 0, 4),  # at least one
+        ([{"count": 4, "kind": "KIND_GPU", "gpus": [0, 1]}], 8, 8),  # the list wins
+        ([{"count": 2, "kind": "KIND_CPU"}], 8, 2),
+        ([{"count": 4, "kind": "KIND_GPU"}, {"count": 1, "kind": "KIND_CPU"}], 2, 9),
+    ],
+)
+def test_instance_count_with_the_visible_gpus(groups, gpus, total):
+    assert instance_count({"instance_group": groups}, gpus).total == total
+    assert instance_count({"instance_group": groups}, gpus).per_device == groups[0]["count"]
+
+
 def test_pbtxt_and_live_json_give_the_same_count(make_config):
     live = make_config(instance_group=[{"count": 4, "kind": "KIND_GPU", "gpus": [0]}])
     assert instance_count(live) == InstanceCount(4, 4)

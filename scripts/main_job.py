@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import time
 from pathlib import Path
 
 from triton_embed import cli
+from triton_embed.admin import ADMIN_KEY_ENV
 from triton_embed.corpus import read_fortunes, write_jsonl
 from triton_embed_server.launcher import REPO_ROOT, TritonServer
 
@@ -57,6 +59,8 @@ def main() -> int:
     t0 = time.perf_counter()
     with server:
         print(f"server ready in {time.perf_counter() - t0:.1f} s")
+        # The client reads max_batch_size (a restricted API) with the server's admin key.
+        os.environ[ADMIN_KEY_ENV] = server.admin_key
         embeddings = args.out_dir / "fortunes.npy"
         common = ["--url", server.grpc_url]
         summary = cli.run_embed(

@@ -18,10 +18,19 @@ ADDR="${BIND_ADDRESS:-127.0.0.1}"
 # model whose Python-backend stub process died; SUPERVISE=0 runs tritonserver bare.
 SUPERVISOR=("${ROOT}/.venv/bin/python" -m triton_embed_server.supervisor --)
 [[ "${SUPERVISE:-1}" == "0" ]] && SUPERVISOR=("$TRITONSERVER")
+# Restricted APIs (docs/operations.md): every API but inference, health and metadata needs the
+# admin key, from TRITON_EMBED_ADMIN_KEY, the file TRITON_EMBED_ADMIN_KEY_FILE, or generated
+# into $XDG_STATE_HOME/triton-embed/admin_key (0600). RESTRICTED_APIS=0 leaves them open.
+RESTRICT=()
+if [[ "${RESTRICTED_APIS:-1}" != "0" ]]; then
+    flags="$("${ROOT}/.venv/bin/python" -m triton_embed_server.admin_key --tritonserver-args)"
+    mapfile -t RESTRICT <<< "$flags"
+fi
 if [[ "${PER_NUMA_NODE:-0}" == "1" ]]; then
     # The doctor's plan decides the servers; each runs under the supervisor with its own ports.
     exec "${ROOT}/.venv/bin/python" -m triton_embed_server.per_node --bind-address "$ADDR" -- \
-        --model-repository "${MODEL_REPOSITORY:-${ROOT}/model_repository}" --log-verbose 0 "$@"
+        --model-repository "${MODEL_REPOSITORY:-${ROOT}/model_repository}" --log-verbose 0 \
+        "${RESTRICT[@]}" "$@"
 fi
 # Python-backend shared memory (docs/operations.md, "Shared memory"): the supervisor sizes it
 # from the configs after checking /dev/shm; a bare tritonserver gets the same arguments here
@@ -37,4 +46,5 @@ exec "${SUPERVISOR[@]}" \
     --grpc-address "$ADDR" --http-address "$ADDR" --metrics-address "$ADDR" \
     "${SHM_ARGS[@]}" \
     --log-verbose 0 \
+    "${RESTRICT[@]}" \
     "$@"

@@ -6,6 +6,7 @@ Public API: :class:`EmbeddingClient`, its errors, its request options
 
 from triton_embed.client import EmbeddingClient, EmbedResult
 from triton_embed.errors import (
+    AccessDeniedError,
     EmbedClientError,
     EmbedTimeoutError,
     InvalidInputError,
@@ -14,6 +15,7 @@ from triton_embed.errors import (
 from triton_embed.options import InvalidUtf8, RequestOptions, Truncation
 
 __all__ = [
+    "AccessDeniedError",
     "EmbeddingClient",
     "EmbedResult",
     "EmbedClientError",

@@ -4,6 +4,12 @@ Subcommands:
     embed   embed a text file (one text per line) or JSONL into .npy (and optionally Parquet)
     query   the nearest texts of an embedded corpus to one or more queries
     doctor  the host's GPU/CPU/NUMA topology and a placement plan for embedder instances
+    repository load|unload NAME
+            load or unload a model through the server's repository API (needs the admin key)
+
+The admin key (docs/operations.md, "Restricted APIs") is read from TRITON_EMBED_ADMIN_KEY,
+the file TRITON_EMBED_ADMIN_KEY_FILE or --admin-key-file, or the server's default key file;
+it is never taken on the command line, where other users of the host could read it.
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from triton_embed.client import DEFAULT_MODEL, DEFAULT_URL, EmbeddingClient
+from triton_embed.admin import grpc_headers, read_admin_key, read_key_file
+from triton_embed.client import DEFAULT_MODEL, DEFAULT_URL, EmbeddingClient, _map_error
 from triton_embed.corpus import read_texts
 from triton_embed.errors import EmbedClientError
 from triton_embed.options import DEFAULT_TRUNCATION, Truncation
@@ -33,10 +40,26 @@ def positive_int(raw: str) -> int:
     return value
 
 
-def _add_connection_args(p: argparse.ArgumentParser) -> None:
+def _add_key_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--url", default=DEFAULT_URL, help="gRPC endpoint host:port (default %(default)s)"
     )
+    p.add_argument(
+        "--admin-key-file",
+        type=Path,
+        default=None,
+        help="file holding the server's admin key (default: TRITON_EMBED_ADMIN_KEY, the file "
+        "TRITON_EMBED_ADMIN_KEY_FILE, the server's default key file)",
+    )
+
+
+def _key_from_file(args: argparse.Namespace) -> str | None:
+    """The admin key in ``--admin-key-file``; ``None`` without the flag."""
+    return None if args.admin_key_file is None else read_key_file(args.admin_key_file)
+
+
+def _add_connection_args(p: argparse.ArgumentParser) -> None:
+    _add_key_args(p)
     p.add_argument("--model", default=DEFAULT_MODEL, help="ensemble name (default %(default)s)")
     p.add_argument("--timeout-s", type=float, default=120.0, help="per-request deadline, seconds")
     p.add_argument(
@@ -143,6 +166,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="embedder instances on a CPU-only host, spread over NUMA nodes (default %(default)s)",
     )
     d.add_argument("--plan-out", type=Path, default=None, help="also write the plan as JSON")
+
+    r = sub.add_parser(
+        "repository", help="load or unload a model on the server (sends the admin key)"
+    )
+    r.add_argument("action", choices=("load", "unload"), help="what to do with the model")
+    r.add_argument("name", help="the model's name in the server's model repository")
+    r.add_argument(
+        "--timeout-s", type=float, default=600.0, help="deadline, seconds (default %(default)s)"
+    )
+    _add_key_args(r)
     return parser
 
 
@@ -183,6 +216,7 @@ def run_embed(args: argparse.Namespace) -> dict:
         batch_size=args.batch_size,
         truncation=args.truncation,
         allow_empty=args.allow_empty,
+        admin_key=_key_from_file(args),  # None: the client reads the environment
     ) as client:
         # None: tqdm hides the bar when stderr is not a terminal (logs get no \r updates)
         bar = tqdm(
@@ -277,6 +311,7 @@ def run_query(args: argparse.Namespace) -> list[dict]:
         timeout_s=args.timeout_s,
         truncation=args.truncation,
         allow_empty=args.allow_empty,
+        admin_key=_key_from_file(args),  # None: the client reads the environment
     ) as client:
         qv = client.embed(args.queries)
     results = []
@@ -302,6 +337,29 @@ def run_query(args: argparse.Namespace) -> list[dict]:
     return results
 
 
+def run_repository(args: argparse.Namespace) -> None:
+    """``triton-embed repository load|unload NAME``: one repository call over gRPC.
+
+    Raises:
+        AccessDeniedError: the server refused it (no admin key, or a wrong one).
+        EmbedClientError: any other failure (unknown model, load error, unreachable server).
+    """
+    import tritonclient.grpc as grpcclient
+
+    headers = grpc_headers(_key_from_file(args) or read_admin_key()) or None
+    client = grpcclient.InferenceServerClient(args.url)
+    try:
+        if args.action == "load":
+            client.load_model(args.name, headers=headers, client_timeout=args.timeout_s)
+        else:
+            client.unload_model(args.name, headers=headers, client_timeout=args.timeout_s)
+    except Exception as exc:  # tritonclient / grpc errors
+        raise _map_error(exc, args.url) from None
+    finally:
+        client.close()
+    print(f"{args.action}ed {args.name!r} at {args.url}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``triton-embed``; returns the exit code (1 on a reported error)."""
     args = build_parser().parse_args(argv)
@@ -315,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
             from triton_embed_server.doctor import run_doctor
 
             run_doctor(args)
+        elif args.command == "repository":
+            run_repository(args)
     except (EmbedClientError, OSError, ValueError) as exc:
         print(f"triton-embed {args.command}: error: {exc}", file=sys.stderr)
         return 1

@@ -18,8 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from triton_embed.admin import check_key, grpc_headers, is_refused, read_admin_key
 from triton_embed.codec import decode_embeddings
 from triton_embed.errors import (
+    AccessDeniedError,
     EmbedClientError,
     EmbedTimeoutError,
     InvalidInputError,
@@ -65,7 +67,8 @@ class EmbeddingClient:
         timeout_s: deadline of each gRPC request, seconds.
         max_concurrency: requests in flight at once.
         batch_size: texts per request; ``None`` uses the server's ``max_batch_size``.
-            Larger values are capped at it.
+            Larger values are capped at it. Reading ``max_batch_size`` (the model config) needs
+            the admin key; without a key, a given ``batch_size`` is used as it is.
         truncation: ``NONE`` / ``END`` / ``START`` (case-insensitive), sent as the request
             parameter ``truncation``; ``None`` keeps the server default (``END`` unless the
             tokenizer model is configured otherwise).
@@ -73,12 +76,19 @@ class EmbeddingClient:
             ``None`` keeps the server default (``false`` unless configured otherwise).
         invalid_utf8: ``error`` or ``replace`` (U+FFFD) for ``bytes`` texts that are not
             valid UTF-8; ``None`` keeps the server default (``error``).
+        admin_key: the server's admin key, sent only to read the model config; ``None`` reads
+            it as :func:`triton_embed.admin.read_admin_key` does (``TRITON_EMBED_ADMIN_KEY``,
+            the file ``TRITON_EMBED_ADMIN_KEY_FILE``, the default key file), if any.
 
     The option names, values and defaults are those of :mod:`triton_embed.options`.
 
     Raises:
-        InvalidInputError: an option outside its allowed values, or ``batch_size`` < 1.
+        InvalidInputError: an option outside its allowed values, ``batch_size`` < 1, or an
+            unusable ``admin_key``.
         ServerUnavailableError: the server cannot be reached or the model is not ready.
+        AccessDeniedError: the server refused the config read (no key or a wrong one) and no
+            ``batch_size`` was given, or a wrong key was given.
+        EmbedClientError: the configured key file cannot be read.
     """
 
     def __init__(
@@ -91,6 +101,7 @@ class EmbeddingClient:
         truncation: Truncation | str | None = None,
         allow_empty: bool | None = None,
         invalid_utf8: InvalidUtf8 | str | None = None,
+        admin_key: str | None = None,
     ):
         import tritonclient.grpc as grpcclient
 
@@ -99,6 +110,14 @@ class EmbeddingClient:
         except ValueError as exc:
             raise InvalidInputError(str(exc)) from None
         self.parameters = self.options.to_parameters()
+        try:
+            self._admin_key = (
+                read_admin_key() if admin_key is None else check_key(admin_key, "admin_key=")
+            )
+        except ValueError as exc:
+            raise InvalidInputError(str(exc)) from None
+        except OSError as exc:
+            raise EmbedClientError(f"cannot read the admin key: {exc}") from None
 
         self._grpc = grpcclient
         self.url = url
@@ -106,20 +125,36 @@ class EmbeddingClient:
         self.timeout_s = timeout_s
         self.max_concurrency = max(1, max_concurrency)
         self._client = grpcclient.InferenceServerClient(url)
-        self.max_batch_size = self._server_max_batch_size()
         if batch_size is not None and batch_size < 1:
             raise InvalidInputError(f"batch_size must be >= 1, got {batch_size}")
+        self.batch_size = batch_size  # as asked; capped at max_batch_size below
+        self.max_batch_size = self._server_max_batch_size()
         self.batch_size = min(batch_size or self.max_batch_size, self.max_batch_size)
 
     def _server_max_batch_size(self) -> int:
+        """The model's ``max_batch_size`` (a restricted API: sent with the admin key).
+
+        Without a key, a refused read falls back to the ``batch_size`` asked for, if any.
+        """
         try:
             if not self._client.is_model_ready(self.model):
                 raise ServerUnavailableError(f"model {self.model!r} is not ready at {self.url}")
-            config = self._client.get_model_config(self.model, as_json=True)["config"]
+            config = self._client.get_model_config(
+                self.model, as_json=True, headers=grpc_headers(self._admin_key) or None
+            )["config"]
         except EmbedClientError:
             raise
         except Exception as exc:  # tritonclient / grpc errors
-            raise _map_error(exc, self.url) from None
+            error = _map_error(exc, self.url)
+            if isinstance(error, AccessDeniedError):
+                if self._admin_key is None and self.batch_size is not None:
+                    return self.batch_size
+                raise AccessDeniedError(
+                    f"{error} (reading the max_batch_size of {self.model!r}: set "
+                    "TRITON_EMBED_ADMIN_KEY or TRITON_EMBED_ADMIN_KEY_FILE, pass admin_key=, "
+                    "or pass batch_size=)"
+                ) from None
+            raise error from None
         return int(config.get("max_batch_size", 0)) or 1
 
     def close(self) -> None:
@@ -225,6 +260,8 @@ def _map_error(
         status = str(exc.status() or "")
         message = exc.message() if hasattr(exc, "message") else message
     where = f"texts[{offset}:{offset + size}]: " if offset is not None and size else ""
+    if is_refused(message):  # gRPC UNAVAILABLE, but the server is up: the key is missing/wrong
+        return AccessDeniedError(f"{where}server at {url} refused the call: {message}")
     if "INVALID_ARGUMENT" in status or "400" == status:
         return InvalidInputError(f"{where}{message}")
     if "DEADLINE_EXCEEDED" in status or "Deadline Exceeded" in message:

@@ -20,3 +20,11 @@ class ServerUnavailableError(EmbedClientError, ConnectionError):
 
 class EmbedTimeoutError(EmbedClientError, TimeoutError):
     """A request exceeded its deadline (``timeout_s``)."""
+
+
+class AccessDeniedError(EmbedClientError, PermissionError):
+    """The server refused a restricted API call: the admin key is missing or wrong.
+
+    Reading a model's config and loading or unloading models need the admin key
+    (:mod:`triton_embed.admin`); inference does not.
+    """

@@ -31,7 +31,9 @@ def client_library(
     # whole passes over the corpus, so mixed lengths are sent in their true proportions
     payload = texts * max(1, -(-batch * conc * 4 // len(texts)))
     latencies, n, tokens, errors = [], 0, 0, 0
-    with EmbeddingClient(server.grpc_url, batch_size=batch, max_concurrency=conc) as client:
+    with EmbeddingClient(
+        server.grpc_url, batch_size=batch, max_concurrency=conc, admin_key=server.admin_key
+    ) as client:
         client.embed(payload[:batch])
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < seconds:

@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from triton_embed.admin import GRPC_ADMIN_HEADER
 from triton_embed_server.launcher import TritonServer
 from triton_embed_server.metrics import REPORT_INTERVAL_S
 
@@ -30,20 +31,33 @@ def write_input_data(path: Path, texts: list[str]) -> Path:
     return path
 
 
-def perf_analyzer_command(url: str, data: Path, *options: str, model: str = "embed") -> list[str]:
+def perf_analyzer_command(
+    url: str, data: Path, *options: str, model: str = "embed", admin_key: str | None = None
+) -> list[str]:
     """The perf_analyzer 2.51 command line that loads ``model`` over gRPC at ``url``.
+
+    perf_analyzer reads the model config (and statistics), restricted APIs on our servers:
+    ``admin_key`` goes in ``-H triton-grpc-protocol-triton-embed-admin-key:<key>``. (Its
+    ``--help`` says ``-H`` is ignored for gRPC; 2.51 does send it on the config read, and
+    without it stops with "failed to get model config: This protocol is restricted".)
 
     Args:
         url: the server's gRPC ``host:port``.
         data: an ``--input-data`` JSON file (:func:`write_input_data`).
         *options: further perf_analyzer options (concurrency, windows, ``-f`` ...).
         model: the model to load.
+        admin_key: the server's admin key (:attr:`TritonServer.admin_key`); ``None`` sends
+            none (a server started without restrictions).
 
     Returns:
         The argv, starting with the environment's ``bin/perf_analyzer`` wrapper.
     """
     binary = Path(sys.prefix) / "bin" / "perf_analyzer"
-    return [str(binary), "-m", model, "-i", "grpc", "-u", url, "--input-data", str(data), *options]
+    key = ["-H", f"{GRPC_ADMIN_HEADER}:{admin_key}"] if admin_key else []
+    return [
+        str(binary), "-m", model, "-i", "grpc", "-u", url, *key,
+        "--input-data", str(data), *options,
+    ]  # fmt: skip
 
 
 def perf_analyzer(
@@ -105,6 +119,7 @@ def perf_analyzer(
                 "-f",
                 str(out_csv),
                 model=model,
+                admin_key=server.admin_key,
             )
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
             if "Failed to obtain stable measurement" not in proc.stdout + proc.stderr:

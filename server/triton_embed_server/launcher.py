@@ -18,6 +18,10 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from triton_embed.admin import grpc_headers, http_headers
+
+from triton_embed_server.admin_key import generate_key, tritonserver_args
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -58,6 +62,10 @@ class TritonServer:
         extra_args: further ``tritonserver`` arguments (``--model-config-name gpu``, ...).
         ready_timeout_s: how long :meth:`start` waits for ``/v2/health/ready``.
         log_path: where the server's stdout/stderr go (a temporary file by default).
+        admin_key: the key every API but inference, health and metadata requires
+            (:mod:`triton_embed_server.admin_key`); a new random one per server unless given.
+            Send it with :attr:`admin_http_headers` / :attr:`admin_grpc_headers`. Kept out of
+            ``repr`` and of every message; it is on the server's command line.
     """
 
     model_repository: Path = REPO_ROOT / "model_repository"
@@ -69,6 +77,7 @@ class TritonServer:
     http_port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
     process: subprocess.Popen | None = None
+    admin_key: str = field(default_factory=generate_key, repr=False)
 
     @property
     def grpc_url(self) -> str:
@@ -79,6 +88,16 @@ class TritonServer:
     def http_url(self) -> str:
         """``http://host:port`` of the KServe v2 HTTP endpoint."""
         return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def admin_http_headers(self) -> dict[str, str]:
+        """HTTP headers that carry :attr:`admin_key` (``triton-embed-admin-key``)."""
+        return http_headers(self.admin_key)
+
+    @property
+    def admin_grpc_headers(self) -> dict[str, str]:
+        """The gRPC metadata that carries :attr:`admin_key` (``tritonclient`` ``headers=``)."""
+        return grpc_headers(self.admin_key)
 
     @property
     def metrics_url(self) -> str:
@@ -105,7 +124,8 @@ class TritonServer:
         checking that ``/dev/shm`` has room for every stub.
 
         The supervisor restarts a model whose stub died; see
-        :mod:`triton_embed_server.supervisor`.
+        :mod:`triton_embed_server.supervisor`. It holds :attr:`admin_key` (in the restriction
+        flags): pass it through :func:`triton_embed_server.admin_key.redact` before showing it.
         """
         from triton_embed_server import shm
 
@@ -115,6 +135,7 @@ class TritonServer:
             "--grpc-address", "127.0.0.1", "--grpc-port", str(self.grpc_port),
             "--http-address", "127.0.0.1", "--http-port", str(self.http_port),
             "--metrics-address", "127.0.0.1", "--metrics-port", str(self.metrics_port),
+            *tritonserver_args(self.admin_key),
             *self.extra_args,
         ]  # fmt: skip
         split = argv.index("--") + 1

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from triton_embed_server.admin_key import redact
 from triton_embed_server.instance_group import instance_count, read_config_pbtxt
 from triton_embed_server.supervisor import option_value
 
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"per_node: {node}: grpc {args.bind_address}:{s.ports['grpc']}, "
             f"http :{s.ports['http']}, metrics :{s.ports['metrics']}: "
-            f"{env} {' '.join(s.argv)}".replace("  ", " "),
+            f"{env} {' '.join(redact(s.argv))}".replace("  ", " "),  # no admin key in logs
             flush=True,
         )
     if args.dry_run:

@@ -32,6 +32,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from triton_embed_server.admin_key import restricted_http_headers
 from triton_embed_server.instance_group import instance_count
 
 STUB_MARKER = "triton_python_backend_stub"
@@ -78,6 +79,9 @@ class Supervisor:
         if address in ("0.0.0.0", "::", ""):
             address = "127.0.0.1"
         self.http = f"http://{address}:{option_value(command, '--http-port', '8000')}"
+        # The admin key header the server requires (its --http-restricted-api flags), if any.
+        self._config_headers = restricted_http_headers(command, "model-config")
+        self._repository_headers = restricted_http_headers(command, "model-repository")
         self.process: subprocess.Popen | None = None
         self._seen: set[int] = set()  # stub PIDs ever seen, reaped when the server is gone
         self.generation = 0
@@ -102,8 +106,10 @@ class Supervisor:
         makes Triton build new instances, switch traffic to them once they are ready, and
         unload the old ones.
         """
+        url = f"{self.http}/v2/models/{model}/config"
         try:
-            with urllib.request.urlopen(f"{self.http}/v2/models/{model}/config", timeout=10) as r:
+            req = urllib.request.Request(url, headers=self._config_headers)
+            with urllib.request.urlopen(req, timeout=10) as r:
                 config = json.loads(r.read())
         except (OSError, ValueError) as exc:
             self.log(f"cannot read the config of {model}: {exc}")
@@ -117,7 +123,7 @@ class Supervisor:
             f"{self.http}/v2/repository/models/{model}/load",
             data=body,
             method="POST",
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **self._repository_headers},
         )
         try:
             with urllib.request.urlopen(req, timeout=600) as r:
@@ -159,9 +165,10 @@ class Supervisor:
         expected = dict(running)
         for model in running:
             try:
-                with urllib.request.urlopen(
-                    f"{self.http}/v2/models/{model}/config", timeout=10
-                ) as r:
+                req = urllib.request.Request(
+                    f"{self.http}/v2/models/{model}/config", headers=self._config_headers
+                )
+                with urllib.request.urlopen(req, timeout=10) as r:
                     config = json.loads(r.read())
             except (OSError, ValueError):
                 continue

@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 import tritonclient.grpc as grpcclient
+from triton_embed.admin import GRPC_ADMIN_HEADER
 from triton_embed_server.launcher import TritonServer
 from tritonclient.utils import InferenceServerException
 
@@ -153,6 +154,8 @@ def test_large_responses_pass_grpc_and_perf_analyzer(fault_server, tmp_path):
             "grpc",
             "-u",
             fault_server.grpc_url,
+            "-H",  # perf_analyzer reads the model config, a restricted API
+            f"{GRPC_ADMIN_HEADER}:{fault_server.admin_key}",
             "--input-data",
             str(data),
             "-b",

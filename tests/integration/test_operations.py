@@ -204,9 +204,12 @@ def test_serve_script_per_numa_node_serves_and_stops(tmp_path):
     import urllib.request
 
     from triton_embed import EmbeddingClient
+    from triton_embed.admin import ADMIN_KEY_ENV
+    from triton_embed_server.admin_key import generate_key
     from triton_embed_server.launcher import free_port
 
     http, grpc, metrics = free_port(), free_port(), free_port()
+    key = generate_key()  # given, so serve.sh writes no key file into this user's home
     log = open(tmp_path / "serve.log", "wb")
     proc = subprocess.Popen(
         [
@@ -219,7 +222,7 @@ def test_serve_script_per_numa_node_serves_and_stops(tmp_path):
             "--metrics-port",
             str(metrics),
         ],
-        env={**os.environ, "PER_NUMA_NODE": "1"},
+        env={**os.environ, "PER_NUMA_NODE": "1", ADMIN_KEY_ENV: key},
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -239,12 +242,13 @@ def test_serve_script_per_numa_node_serves_and_stops(tmp_path):
                 pass
             assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
             time.sleep(1)
-        with EmbeddingClient(f"127.0.0.1:{grpc}") as client:
+        with EmbeddingClient(f"127.0.0.1:{grpc}", admin_key=key) as client:
             assert client.embed(["per node"]).shape == (1, DIM)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=90) in (0, 1)  # 1: Triton's exit timeout (README, faults)
         out = (tmp_path / "serve.log").read_text()
         assert re.search(rf"per_node: NUMA node 0: grpc 127\.0\.0\.1:{grpc}", out), out[:2000]
+        assert "triton-embed-admin-key=***" in out and key not in out  # per_node's commands
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

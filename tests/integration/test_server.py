@@ -15,7 +15,9 @@ pytestmark = pytest.mark.integration
 
 
 def test_embedder_runs_at_least_two_instances(server, grpc_client):
-    config = grpc_client.get_model_config("embedder", as_json=True)["config"]
+    config = grpc_client.get_model_config(
+        "embedder", as_json=True, headers=server.admin_grpc_headers
+    )["config"]
     assert config["instance_group"][0]["count"] >= 2
     assert config["instance_group"][0]["kind"] == "KIND_CPU"
     stubs = [
@@ -29,9 +31,11 @@ def test_embedder_runs_at_least_two_instances(server, grpc_client):
     assert any("embedder_0_1" in c for c in embedder_stubs)
 
 
-def test_both_steps_show_executions_in_statistics(grpc_client):
+def test_both_steps_show_executions_in_statistics(server, grpc_client):
     infer_embed(grpc_client, ["statistics probe"])
-    stats = grpc_client.get_inference_statistics(as_json=True)["model_stats"]
+    stats = grpc_client.get_inference_statistics(as_json=True, headers=server.admin_grpc_headers)[
+        "model_stats"
+    ]
     by_name = {s["name"]: s for s in stats}
     for name in ("tokenizer", "embedder", "embed"):
         assert int(by_name[name].get("execution_count", 0)) >= 1, name
@@ -52,6 +56,7 @@ def test_perf_analyzer_reports_zero_errors(server):
             "100",
             "--max-trials",
             "3",
+            admin_key=server.admin_key,  # perf_analyzer reads the model config
         ),
         capture_output=True,
         text=True,
@@ -60,4 +65,5 @@ def test_perf_analyzer_reports_zero_errors(server):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "Throughput:" in out, out[-3000:]
+    assert server.admin_key not in out
     assert "error" not in out.lower().replace("errors: 0", ""), out[-3000:]

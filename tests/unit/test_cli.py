@@ -182,6 +182,7 @@ def test_embed_passes_every_flag_and_writes_all_outputs(fake_client, tmp_path):
             "batch_size": 64,
             "truncation": "START",
             "allow_empty": True,
+            "admin_key": None,  # the client reads TRITON_EMBED_ADMIN_KEY(_FILE) itself
         }
     ]
     np.testing.assert_array_equal(np.load(out), [[10.0, 0.0], [0.0, 1.0]])

@@ -180,14 +180,12 @@ class RequestOptions:
         )
         if unknown:
             listed = ", ".join(repr(k) for k in unknown)
-            what = (
-                "parameter {} is not an option"
-                if len(unknown) == 1
-                else "parameters {} are not options"
-            )
+            one = len(unknown) == 1
+            what = "parameter {} is not an option" if one else "parameters {} are not options"
+            fix = "remove it or fix its spelling" if one else "remove them or fix their spelling"
             raise ValueError(
                 f"request {what.format(listed)} of this service; "
-                f"the options are {', '.join(NAMES)}; remove it or fix its spelling"
+                f"the options are {', '.join(NAMES)}; {fix}"
             )
         try:
             return cls(**{name: parameters[name] for name in NAMES if name in parameters})

@@ -346,6 +346,12 @@ def test_no_request_options_means_server_defaults(tok):
             {"truncaton": "NONE", "lenght": 3},
             "request parameters 'lenght', 'truncaton' are not options of this service; "
             "the options are truncation, allow_empty, invalid_utf8; "
+            "remove them or fix their spelling",
+        ),
+        (
+            {"truncaton": "NONE"},
+            "request parameter 'truncaton' is not an option of this service; "
+            "the options are truncation, allow_empty, invalid_utf8; "
             "remove it or fix its spelling",
         ),
         (

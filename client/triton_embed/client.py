@@ -68,7 +68,8 @@ class EmbeddingClient:
         max_concurrency: requests in flight at once.
         batch_size: texts per request; ``None`` uses the server's ``max_batch_size``.
             Larger values are capped at it. Reading ``max_batch_size`` (the model config) needs
-            the admin key; without a key, a given ``batch_size`` is used as it is.
+            the admin key; if the server refuses that read (no key, or a wrong one), a given
+            ``batch_size`` is used as it is.
         truncation: ``NONE`` / ``END`` / ``START`` (case-insensitive), sent as the request
             parameter ``truncation``; ``None`` keeps the server default (``END`` unless the
             tokenizer model is configured otherwise).
@@ -87,7 +88,7 @@ class EmbeddingClient:
             unusable ``admin_key``.
         ServerUnavailableError: the server cannot be reached or the model is not ready.
         AccessDeniedError: the server refused the config read (no key or a wrong one) and no
-            ``batch_size`` was given, or a wrong key was given.
+            ``batch_size`` was given.
         EmbedClientError: the configured key file cannot be read.
     """
 
@@ -134,7 +135,8 @@ class EmbeddingClient:
     def _server_max_batch_size(self) -> int:
         """The model's ``max_batch_size`` (a restricted API: sent with the admin key).
 
-        Without a key, a refused read falls back to the ``batch_size`` asked for, if any.
+        A refused read (no key, or a wrong one such as a stale key file) falls back to the
+        ``batch_size`` asked for, if any: inference itself needs no key.
         """
         try:
             if not self._client.is_model_ready(self.model):
@@ -147,7 +149,7 @@ class EmbeddingClient:
         except Exception as exc:  # tritonclient / grpc errors
             error = _map_error(exc, self.url)
             if isinstance(error, AccessDeniedError):
-                if self._admin_key is None and self.batch_size is not None:
+                if self.batch_size is not None:
                     return self.batch_size
                 raise AccessDeniedError(
                     f"{error} (reading the max_batch_size of {self.model!r}: set "

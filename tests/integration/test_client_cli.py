@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from triton_embed import (
     InvalidInputError,
     ServerUnavailableError,
 )
+from triton_embed.admin import ADMIN_KEY_ENV
 from triton_embed.corpus import read_fortunes, write_jsonl
 from triton_embed_server.launcher import free_port
 
@@ -24,6 +26,12 @@ from tests.helpers import COSINE_MIN, DIM, cosines
 pytestmark = pytest.mark.integration
 
 CLI = [str(Path(sys.prefix) / "bin" / "triton-embed")]
+
+
+@pytest.fixture(scope="module")
+def cli_env(server):
+    """The environment of a CLI run: the server's admin key (it reads max_batch_size)."""
+    return {**os.environ, ADMIN_KEY_ENV: server.admin_key}
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +50,9 @@ def small_corpus(tmp_path_factory):
 
 def test_client_splits_large_inputs_and_keeps_order(server, reference_model, small_corpus):
     texts = small_corpus["texts"]
-    with EmbeddingClient(server.grpc_url, max_concurrency=4, batch_size=16) as client:
+    with EmbeddingClient(
+        server.grpc_url, max_concurrency=4, batch_size=16, admin_key=server.admin_key
+    ) as client:
         assert client.max_batch_size == 64
         result = client.embed_with_details(texts)
     assert result.embeddings.shape == (150, DIM)
@@ -52,14 +62,14 @@ def test_client_splits_large_inputs_and_keeps_order(server, reference_model, sma
 
 
 def test_client_caps_batch_size_at_the_servers_max_batch_size(server):
-    with EmbeddingClient(server.grpc_url, batch_size=1000) as client:
+    with EmbeddingClient(server.grpc_url, batch_size=1000, admin_key=server.admin_key) as client:
         assert client.batch_size == 64
         result = client.embed_with_details([f"text number {i}" for i in range(130)])
     assert len(result.latencies_s) == 3  # 64 + 64 + 2
 
 
 def test_client_raises_its_own_error_types(server):
-    with EmbeddingClient(server.grpc_url) as client:
+    with EmbeddingClient(server.grpc_url, admin_key=server.admin_key) as client:
         with pytest.raises(InvalidInputError, match=r"texts\[0:2\]: .*text 1 is empty"):
             client.embed(["fine", ""])
         with pytest.raises(InvalidInputError, match="str or bytes"):
@@ -68,13 +78,13 @@ def test_client_raises_its_own_error_types(server):
         EmbeddingClient(f"127.0.0.1:{free_port()}")
     with pytest.raises(ServerUnavailableError, match="not ready"):
         EmbeddingClient(server.grpc_url, model="no_such_model")
-    with EmbeddingClient(server.grpc_url, timeout_s=0.001) as client:
+    with EmbeddingClient(server.grpc_url, timeout_s=0.001, admin_key=server.admin_key) as client:
         with pytest.raises(EmbedTimeoutError):
             client.embed(["word " * 200] * 64)
 
 
 def test_cli_embed_jsonl_to_npy_and_parquet_then_query(
-    server, reference_model, small_corpus, tmp_path
+    server, reference_model, small_corpus, tmp_path, cli_env
 ):
     out = tmp_path / "vectors.npy"
     parquet = tmp_path / "vectors.parquet"
@@ -97,6 +107,7 @@ def test_cli_embed_jsonl_to_npy_and_parquet_then_query(
         ],
         capture_output=True,
         text=True,
+        env=cli_env,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -136,6 +147,7 @@ def test_cli_embed_jsonl_to_npy_and_parquet_then_query(
         ],
         capture_output=True,
         text=True,
+        env=cli_env,
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -145,7 +157,9 @@ def test_cli_embed_jsonl_to_npy_and_parquet_then_query(
     assert hits[0]["cosine"] >= hits[1]["cosine"] >= hits[2]["cosine"]
 
 
-def test_cli_embed_text_file_one_text_per_line(server, reference_model, small_corpus, tmp_path):
+def test_cli_embed_text_file_one_text_per_line(
+    server, reference_model, small_corpus, tmp_path, cli_env
+):
     out = tmp_path / "lines.npy"
     proc = subprocess.run(
         [
@@ -160,6 +174,7 @@ def test_cli_embed_text_file_one_text_per_line(server, reference_model, small_co
         ],
         capture_output=True,
         text=True,
+        env=cli_env,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -168,7 +183,7 @@ def test_cli_embed_text_file_one_text_per_line(server, reference_model, small_co
     assert cosines(vectors, reference_model.encode(small_corpus["lines"])).min() >= COSINE_MIN
 
 
-def test_cli_reports_errors_without_a_traceback(server, tmp_path):
+def test_cli_reports_errors_without_a_traceback(server, tmp_path, cli_env):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "ok"}\n{"text": ""}\n')
     proc = subprocess.run(
@@ -184,6 +199,7 @@ def test_cli_reports_errors_without_a_traceback(server, tmp_path):
         ],
         capture_output=True,
         text=True,
+        env=cli_env,
         timeout=120,
     )
     assert proc.returncode == 1
@@ -201,6 +217,7 @@ def test_cli_reports_errors_without_a_traceback(server, tmp_path):
         ],
         capture_output=True,
         text=True,
+        env=cli_env,
         timeout=120,
     )
     assert proc.returncode == 1 and "unavailable" in proc.stderr and "Traceback" not in proc.stderr

@@ -199,10 +199,13 @@ def test_the_client_sends_the_key_to_read_max_batch_size(server, monkeypatch, tm
     with pytest.raises(AccessDeniedError, match="TRITON_EMBED_ADMIN_KEY.*batch_size="):
         EmbeddingClient(server.grpc_url)
     with pytest.raises(AccessDeniedError, match="expecting header"):
-        EmbeddingClient(server.grpc_url, admin_key=WRONG_KEY, batch_size=8)
-    with EmbeddingClient(server.grpc_url, batch_size=8) as client:  # inference needs no key
-        assert client.batch_size == 8
-        assert client.embed(["no key needed"]).shape == (1, DIM)
+        EmbeddingClient(server.grpc_url, admin_key=WRONG_KEY)
+    # inference needs no key: with a batch size given, no key or a wrong one (a stale key
+    # file) still embeds
+    for key in (None, WRONG_KEY):
+        with EmbeddingClient(server.grpc_url, batch_size=8, admin_key=key) as client:
+            assert (client.batch_size, client.max_batch_size) == (8, 8)
+            assert client.embed(["no key needed"]).shape == (1, DIM)
 
 
 def test_the_cli_without_the_key_is_refused(server, tmp_path, grpc_client):

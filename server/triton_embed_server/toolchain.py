@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
 from pathlib import Path
 
-# Environment the Python-backend stubs need (see README, troubleshooting):
+# Environment the Python-backend stubs need (docs/installation.md, docs/troubleshooting.md):
 STUB_ENV = {
     # vLLM's engine must run in-process: the stub's __main__ cannot be re-imported by a
     # multiprocessing "spawn" child.
@@ -35,6 +34,11 @@ STUB_ENV = {
     "TRANSFORMERS_OFFLINE": "1",
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
+    # A stub importing model.py must not write __pycache__ into <model>/1/: Triton 2.51 then
+    # sees the model's files as changed, reloads the steps with the ensemble, and a reload
+    # of that kind crashed tritonserver inside libtriton_python (tests/integration/
+    # test_restricted_apis.py reloads embed on a fresh repository copy).
+    "PYTHONDONTWRITEBYTECODE": "1",
 }
 
 
@@ -72,9 +76,20 @@ def cudart_dir() -> str | None:
     return str(lib) if (lib / "libcudart.so.12").exists() else None
 
 
-def _write_exec(path: Path, text: str) -> None:
-    path.write_text(text)
-    path.chmod(0o755)
+def _write_exec(path: Path, data: str | bytes) -> None:
+    """Make ``path`` an executable holding ``data``; unchanged files are left alone.
+
+    A changed file is replaced atomically (a new inode), so a stub or wrapper that is running
+    now keeps its old copy instead of failing with "Text file busy".
+    """
+    payload = data.encode() if isinstance(data, str) else data
+    if path.exists() and path.read_bytes() == payload:
+        path.chmod(0o755)
+        return
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(payload)
+    tmp.chmod(0o755)
+    os.replace(tmp, path)
 
 
 def install() -> None:
@@ -84,9 +99,7 @@ def install() -> None:
     stub = tdir / "python_backend_stubs" / ver / "triton_python_backend_stub"
     if not stub.exists():
         raise RuntimeError(f"no Python-backend stub for Python {ver} in {stub.parent.parent}")
-    dest = tdir / "backends" / "python" / "triton_python_backend_stub"
-    shutil.copy2(stub, dest)
-    dest.chmod(0o755)
+    _write_exec(tdir / "backends" / "python" / "triton_python_backend_stub", stub.read_bytes())
 
     venv = venv_dir()
     env_lines = "\n".join(f"export {k}=${{{k}:-{v}}}" for k, v in STUB_ENV.items())

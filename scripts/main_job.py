@@ -30,6 +30,21 @@ QUERIES = [
 ]
 
 
+def non_negative_int(raw: str) -> int:
+    """Parse an ``argparse`` count that may be 0.
+
+    Raises:
+        argparse.ArgumentTypeError: not a whole number, or negative.
+    """
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def main() -> int:
     """Build the corpus, serve, embed, query, stop; see the module docstring."""
     parser = argparse.ArgumentParser(
@@ -37,13 +52,13 @@ def main() -> int:
     )
     parser.add_argument(
         "--max-texts",
-        type=int,
+        type=non_negative_int,
         default=6000,
         help="texts taken from the corpus (seeded sample; 0 = all, about 15,000)",
     )
     parser.add_argument("--out-dir", type=Path, default=REPO_ROOT / "out")
-    parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--concurrency", type=cli.positive_int, default=8)
+    parser.add_argument("--batch-size", type=cli.positive_int, default=16)
     args = parser.parse_args()
 
     args.out_dir.mkdir(parents=True, exist_ok=True)

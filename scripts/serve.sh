@@ -6,7 +6,7 @@
 #   scripts/serve.sh --model-config-name gpu          # embedder/configs/gpu.pbtxt
 #   BIND_ADDRESS=0.0.0.0 scripts/serve.sh             # expose on every interface
 #   PER_NUMA_NODE=1 scripts/serve.sh                  # one server per NUMA node (numactl-bound,
-#                                                     # ports +10 per node; see README, Operations)
+#                                                     # ports +10 per node; see docs/operations.md)
 #
 # Extra arguments go to tritonserver unchanged (later ones win). Needs scripts/setup.sh first.
 set -euo pipefail

@@ -198,7 +198,7 @@ class EmbedderConfig:
         max_num_batched_tokens: vLLM ``max_num_batched_tokens`` (token budget per step).
         threads_bind: CPU backend only. ``spread`` gives instance ``i`` its own slice of the
             CPUs this process may use (``VLLM_CPU_OMP_THREADS_BIND``); ``auto`` leaves it to
-            vLLM (instances can land on the same cores: see README, placement).
+            vLLM (instances can land on the same cores: see docs/placement.md).
         engine_args: further keyword arguments for ``vllm.LLM`` (parameter
             ``engine_args``, a JSON object); they override the fields above.
         numa_placement: ``off``, ``auto`` or the absolute path of a plan JSON from

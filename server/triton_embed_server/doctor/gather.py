@@ -9,6 +9,7 @@ to :func:`~triton_embed_server.doctor.host.build_host`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -181,4 +182,12 @@ def gather_host(
             except TopologyParseError as exc:
                 sources["sysfs"] = f"not available: {exc}"
         allowed = sorted(process_cpus())
-    return build_host(topo, p2p, lscpu, numa, sources, allowed_cpus=allowed, siblings=siblings)
+    host = build_host(topo, p2p, lscpu, numa, sources, allowed_cpus=allowed, siblings=siblings)
+    if from_dir is not None and topo is None:
+        missing = from_dir / CAPTURE_FILES["topo_m"]
+        note = (
+            f"no {missing}: planned as a CPU-only host; if the host has GPUs, add the output "
+            f"of `{TOPO_CMD}` there"
+        )
+        host = dataclasses.replace(host, warnings=(*host.warnings, note))
+    return host

@@ -328,5 +328,11 @@ def _host_gpus(
                 "list; its instances are not pinned"
             )
             node, source = None, "unknown"
+        elif cpus and set(cpus) != set(nodes[node]):
+            warnings.append(
+                f"{name}: nvidia-smi's CPU affinity {aff.cpu_affinity} is not the CPU list of NUMA "
+                f"node {node} ({format_cpu_list(nodes[node])}): were the outputs captured on "
+                "different hosts? Capture them all on the serving host"
+            )
         gpus.append(HostGpu(int(name[3:]), name, node, source, cpus))
     return tuple(gpus)

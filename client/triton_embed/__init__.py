@@ -1,7 +1,8 @@
 """triton-embed: text embeddings served by a Triton ensemble (tokenizer -> vLLM pooling).
 
 Public API: :class:`EmbeddingClient`, its errors, its request options
-(:mod:`triton_embed.options`) and the wire codec (:mod:`triton_embed.codec`).
+(:mod:`triton_embed.options`), its retry policy (:mod:`triton_embed.retry`) and the wire
+codec (:mod:`triton_embed.codec`).
 """
 
 from triton_embed.client import EmbeddingClient, EmbedResult
@@ -10,9 +11,11 @@ from triton_embed.errors import (
     EmbedClientError,
     EmbedTimeoutError,
     InvalidInputError,
+    ServerOverloadedError,
     ServerUnavailableError,
 )
 from triton_embed.options import InvalidUtf8, RequestOptions, Truncation
+from triton_embed.retry import RetryPolicy
 
 __all__ = [
     "AccessDeniedError",
@@ -23,6 +26,8 @@ __all__ = [
     "InvalidInputError",
     "InvalidUtf8",
     "RequestOptions",
+    "RetryPolicy",
+    "ServerOverloadedError",
     "ServerUnavailableError",
     "Truncation",
 ]

@@ -27,6 +27,7 @@ from triton_embed.client import DEFAULT_MODEL, DEFAULT_URL, EmbeddingClient, _ma
 from triton_embed.corpus import read_texts
 from triton_embed.errors import EmbedClientError
 from triton_embed.options import DEFAULT_TRUNCATION, Truncation
+from triton_embed.retry import DEFAULT_MAX_WAIT_S, DEFAULT_RETRIES, RetryPolicy
 
 
 def positive_int(raw: str) -> int:
@@ -38,6 +39,50 @@ def positive_int(raw: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+def non_negative_int(raw: str) -> int:
+    """Argparse type: a whole number >= 0."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def positive_float(raw: str) -> float:
+    """Argparse type: a finite number > 0."""
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a number") from None
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {raw}")
+    return value
+
+
+def _add_retry_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--retries",
+        type=non_negative_int,
+        default=DEFAULT_RETRIES,
+        help="send a request the server refused as overloaded or unavailable again up to N "
+        "times, after random waits that double each time (default %(default)s; 0 = never)",
+    )
+    p.add_argument(
+        "--retry-max-wait-s",
+        type=positive_float,
+        default=DEFAULT_MAX_WAIT_S,
+        help="cap of one wait between retries, seconds (default %(default)s)",
+    )
+
+
+def _retry_policy(args: argparse.Namespace) -> RetryPolicy:
+    """The client's retry policy from ``--retries`` and ``--retry-max-wait-s``."""
+    initial = min(RetryPolicy().initial_wait_s, args.retry_max_wait_s)
+    return RetryPolicy(args.retries, initial, args.retry_max_wait_s)
 
 
 def _add_key_args(p: argparse.ArgumentParser) -> None:
@@ -76,6 +121,7 @@ def _add_connection_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="embed empty texts instead of rejecting them",
     )
+    _add_retry_args(p)
 
 
 def _add_corpus_args(p: argparse.ArgumentParser) -> None:
@@ -217,6 +263,7 @@ def run_embed(args: argparse.Namespace) -> dict:
         truncation=args.truncation,
         allow_empty=args.allow_empty,
         admin_key=_key_from_file(args),  # None: the client reads the environment
+        retry=_retry_policy(args),
     ) as client:
         # None: tqdm hides the bar when stderr is not a terminal (logs get no \r updates)
         bar = tqdm(
@@ -251,11 +298,17 @@ def run_embed(args: argparse.Namespace) -> dict:
         pq.write_table(table, args.parquet)
     summary = summarize(len(texts), int(result.num_tokens.sum()), elapsed, result.latencies_s)
     summary["dim"] = int(result.embeddings.shape[1])
+    summary["retries"] = result.retries
+    retried = (
+        f"; {result.retries} requests sent again after the server refused them (overloaded)"
+        if result.retries
+        else ""
+    )
     print(
         f"embedded {summary['texts']} texts ({summary['tokens']} tokens, dim {summary['dim']}) "
         f"in {summary['seconds']:.2f} s: {summary['texts_per_s']:.1f} texts/s, "
         f"{summary['tokens_per_s']:.0f} tokens/s; request latency p50 {summary['p50_ms']:.1f} ms, "
-        f"p99 {summary['p99_ms']:.1f} ms -> {args.output}"
+        f"p99 {summary['p99_ms']:.1f} ms{retried} -> {args.output}"
     )
     if args.summary_json:
         args.summary_json.write_text(json.dumps(summary, indent=2))
@@ -312,6 +365,7 @@ def run_query(args: argparse.Namespace) -> list[dict]:
         truncation=args.truncation,
         allow_empty=args.allow_empty,
         admin_key=_key_from_file(args),  # None: the client reads the environment
+        retry=_retry_policy(args),
     ) as client:
         qv = client.embed(args.queries)
     results = []

@@ -7,10 +7,16 @@
 Large inputs are split into batches of at most the server's ``max_batch_size`` texts, sent
 concurrently, and reassembled in input order. ``tritonclient`` exceptions never leak: they
 are mapped to :class:`~triton_embed.errors.EmbedClientError` subclasses.
+
+A request the server refuses because it is overloaded (or that cannot reach it) is sent
+again after a random, exponentially growing wait (:class:`~triton_embed.retry.RetryPolicy`,
+``retry=``); each batch is retried on its own and lands in its own place, so every text is
+embedded exactly once, in input order, or the call raises.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -21,13 +27,17 @@ import numpy as np
 from triton_embed.admin import check_key, grpc_headers, is_refused, read_admin_key
 from triton_embed.codec import decode_embeddings
 from triton_embed.errors import (
+    QUEUE_FULL,
+    QUEUE_TIMEOUT,
     AccessDeniedError,
     EmbedClientError,
     EmbedTimeoutError,
     InvalidInputError,
+    ServerOverloadedError,
     ServerUnavailableError,
 )
 from triton_embed.options import InvalidUtf8, RequestOptions, Truncation
+from triton_embed.retry import RetryPolicy
 
 DEFAULT_URL = "127.0.0.1:8001"
 DEFAULT_MODEL = "embed"
@@ -42,12 +52,16 @@ class EmbedResult:
             sentence-transformers models with a Normalize module, such as all-MiniLM-L6-v2).
         num_tokens: int32 ``[n]``, tokens the model read per text (special tokens included,
             after truncation).
-        latencies_s: wall-clock seconds of each gRPC request sent (one per batch).
+        latencies_s: wall-clock seconds of each batch, from its first send to its answer
+            (retries and their waits included; one per batch).
+        retries: requests sent again after the server refused them (overloaded or
+            unavailable), over all batches.
     """
 
     embeddings: np.ndarray
     num_tokens: np.ndarray
     latencies_s: list[float]
+    retries: int = 0
 
 
 def _as_bytes(text: str | bytes) -> bytes:
@@ -80,6 +94,12 @@ class EmbeddingClient:
         admin_key: the server's admin key, sent only to read the model config; ``None`` reads
             it as :func:`triton_embed.admin.read_admin_key` does (``TRITON_EMBED_ADMIN_KEY``,
             the file ``TRITON_EMBED_ADMIN_KEY_FILE``, the default key file), if any.
+        retry: how a request the server refused as overloaded or unavailable is sent again:
+            a :class:`~triton_embed.retry.RetryPolicy`, a number of retries with its default
+            waits, or ``None``/``0`` for none (the refusal raises
+            :class:`~triton_embed.errors.ServerOverloadedError` at once). Default: 8 retries,
+            full-jitter waits bounded by 0.1 s doubling up to 5 s. Bad input, deadlines and
+            other errors are never retried.
 
     The option names, values and defaults are those of :mod:`triton_embed.options`.
 
@@ -103,6 +123,7 @@ class EmbeddingClient:
         allow_empty: bool | None = None,
         invalid_utf8: InvalidUtf8 | str | None = None,
         admin_key: str | None = None,
+        retry: RetryPolicy | int | None = RetryPolicy(),  # noqa: B008 - frozen, never mutated
     ):
         import tritonclient.grpc as grpcclient
 
@@ -119,6 +140,10 @@ class EmbeddingClient:
             raise InvalidInputError(str(exc)) from None
         except OSError as exc:
             raise EmbedClientError(f"cannot read the admin key: {exc}") from None
+        try:
+            self.retry = RetryPolicy.of(retry)
+        except ValueError as exc:
+            raise InvalidInputError(str(exc)) from None
 
         self._grpc = grpcclient
         self.url = url
@@ -199,6 +224,12 @@ class EmbeddingClient:
 
         Returns:
             :class:`EmbedResult`.
+
+        Raises:
+            InvalidInputError: the server rejected a text (never retried).
+            ServerOverloadedError: the server still refused a batch as overloaded after the
+                retries of ``retry``.
+            ServerUnavailableError, EmbedTimeoutError: transport failures.
         """
         if isinstance(texts, (str, bytes)):
             raise InvalidInputError(
@@ -208,11 +239,17 @@ class EmbeddingClient:
         if not payloads:
             return EmbedResult(np.zeros((0, 0), np.float32), np.zeros(0, np.int32), [])
         starts = list(range(0, len(payloads), self.batch_size))
+        retries = [0]
+        lock = threading.Lock()
+
+        def count_retry(error: BaseException, wait_s: float) -> None:
+            with lock:
+                retries[0] += 1
 
         def run(start: int) -> tuple[np.ndarray, np.ndarray, float]:
             batch = payloads[start : start + self.batch_size]
             t0 = time.perf_counter()
-            vectors, counts = self._infer(batch, start)
+            vectors, counts = self.retry.call(self._infer, batch, start, on_retry=count_retry)
             elapsed = time.perf_counter() - t0
             if on_batch_done is not None:
                 on_batch_done(len(batch), int(counts.sum()))
@@ -224,6 +261,7 @@ class EmbeddingClient:
             embeddings=np.concatenate([r[0] for r in results]),
             num_tokens=np.concatenate([r[1] for r in results]),
             latencies_s=[r[2] for r in results],
+            retries=retries[0],
         )
 
     def _infer(self, batch: list[bytes], offset: int) -> tuple[np.ndarray, np.ndarray]:
@@ -268,6 +306,11 @@ def _map_error(
         return InvalidInputError(f"{where}{message}")
     if "DEADLINE_EXCEEDED" in status or "Deadline Exceeded" in message:
         return EmbedTimeoutError(f"{where}request to {url} timed out: {message}")
+    if "UNAVAILABLE" in status and (QUEUE_FULL in message or QUEUE_TIMEOUT in message):
+        return ServerOverloadedError(
+            f"{where}server at {url} is overloaded and refused the request ({message}); "
+            "retry later, with backoff"
+        )
     if "UNAVAILABLE" in status or "failed to connect" in message.lower():
         return ServerUnavailableError(f"server at {url} is unavailable: {message}")
     return EmbedClientError(f"{where}{status} {message}".strip())

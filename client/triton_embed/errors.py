@@ -18,6 +18,27 @@ class ServerUnavailableError(EmbedClientError, ConnectionError):
     """The server cannot be reached or the model is not ready."""
 
 
+# What Triton 2.51 answers (gRPC UNAVAILABLE) when a queue policy refuses a request; through
+# the ensemble the message reads "in ensemble 'embed', [request id: <id_unknown>] Exceeds
+# maximum queue size" or "in ensemble 'embed', Request timeout expired".
+QUEUE_FULL = "Exceeds maximum queue size"
+QUEUE_TIMEOUT = "Request timeout expired"
+
+
+class ServerOverloadedError(ServerUnavailableError):
+    """The server is overloaded and refused the request; retry later, with backoff.
+
+    Past capacity a step of the ensemble refuses a request instead of queueing it: gRPC
+    ``UNAVAILABLE`` with Triton's message "Exceeds maximum queue size" (its queue is full),
+    or "Request timeout expired" (it waited in the queue longer than the queue policy's
+    timeout); see docs/configuration.md, "Queue policy". Nothing of the request was embedded,
+    so sending it again is safe. :class:`~triton_embed.client.EmbeddingClient` does so with
+    exponential backoff and jitter (:class:`~triton_embed.retry.RetryPolicy`) and raises
+    this error when its retries run out. A subclass of :class:`ServerUnavailableError`, so
+    code that handles that handles this too.
+    """
+
+
 class EmbedTimeoutError(EmbedClientError, TimeoutError):
     """A request exceeded its deadline (``timeout_s``)."""
 

@@ -17,6 +17,8 @@ A field that is not there, or is there more than once where one is expected, rai
         repo / "embedder" / "config.pbtxt",
         count=1,
         max_queue_delay_us=0,
+        max_queue_size=4,
+        queue_timeout_us=2_000_000,
         parameters={"model_path": "/models/my-model"},
     )
 """
@@ -77,6 +79,8 @@ def edit_config(
     count: int | None = None,
     kind: str | None = None,
     max_queue_delay_us: int | None = None,
+    max_queue_size: int | None = None,
+    queue_timeout_us: int | None = None,
     parameters: Mapping[str, str] | None = None,
 ) -> str:
     """Change fields of one ``config.pbtxt`` in place; the other lines stay as they are.
@@ -86,6 +90,10 @@ def edit_config(
         count: the ``count`` of the model's one ``instance_group`` entry.
         kind: the ``kind`` of that entry (one of :data:`INSTANCE_KINDS`).
         max_queue_delay_us: ``dynamic_batching { max_queue_delay_microseconds }``.
+        max_queue_size: ``dynamic_batching { default_queue_policy { max_queue_size } }``:
+            requests a step holds waiting; past it, a request is refused at once.
+        queue_timeout_us: ``dynamic_batching { default_queue_policy
+            { default_timeout_microseconds } }``: the longest wait in the queue.
         parameters: ``parameters`` entries to set, ``{key: string_value}``; each key must
             already be in the file.
 
@@ -103,6 +111,10 @@ def edit_config(
             text = set_instance_group(text, count=count, kind=kind)
         if max_queue_delay_us is not None:
             text = set_max_queue_delay(text, max_queue_delay_us)
+        if max_queue_size is not None or queue_timeout_us is not None:
+            text = set_queue_policy(
+                text, max_queue_size=max_queue_size, timeout_us=queue_timeout_us
+            )
         for key, value in (parameters or {}).items():
             text = set_parameter(text, key, value)
     except ValueError as exc:
@@ -159,6 +171,43 @@ def set_max_queue_delay(text: str, microseconds: int) -> str:
             f"expected one dynamic_batching max_queue_delay_microseconds, found {len(found)}"
         )
     return _apply(text, [(start + found[0].start(1), start + found[0].end(1), str(microseconds))])
+
+
+def set_queue_policy(
+    text: str, max_queue_size: int | None = None, timeout_us: int | None = None
+) -> str:
+    """``text`` with fields of ``dynamic_batching { default_queue_policy { ... } }`` replaced.
+
+    Args:
+        text: a ``config.pbtxt``.
+        max_queue_size: the new ``max_queue_size`` (requests; 0 = unbounded).
+        timeout_us: the new ``default_timeout_microseconds`` (0 = no timeout).
+
+    Raises:
+        ValueError: no ``dynamic_batching`` block, none or several ``default_queue_policy``
+            blocks in it, the policy lacks the field, or a value is not an integer >= 0.
+    """
+    fields = (
+        ("max_queue_size", max_queue_size),
+        ("default_timeout_microseconds", timeout_us),
+    )
+    for name, value in fields:
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    masked = _mask(text)
+    outer, outer_end = _single_block(masked, "dynamic_batching")
+    start, end = _single_block(masked, "default_queue_policy", outer, outer_end)
+    edits = []
+    for name, value in fields:
+        if value is None:
+            continue
+        found = list(re.finditer(rf"\b{name}\s*:\s*(\d+)", masked[start:end]))
+        if len(found) != 1:
+            raise ValueError(f"expected one default_queue_policy {name}, found {len(found)}")
+        edits.append((start + found[0].start(1), start + found[0].end(1), str(value)))
+    return _apply(text, edits)
 
 
 def set_parameter(text: str, key: str, value: str) -> str:
@@ -220,14 +269,21 @@ def _mask(text: str) -> str:
     return "".join(out)
 
 
-def _single_block(masked: str, field: str) -> tuple[int, int]:
-    """Span of the one ``field [ ... ]`` or ``field { ... }`` block in masked text."""
-    found = list(re.finditer(rf"\b{field}\s*:?\s*([\[{{])", masked))
+def _single_block(
+    masked: str, field: str, within: int = 0, within_end: int | None = None
+) -> tuple[int, int]:
+    """Span of the one ``field [ ... ]`` or ``field { ... }`` block in masked text.
+
+    ``within``/``within_end`` limit the search to a span (the inside of another block).
+    """
+    end = len(masked) if within_end is None else within_end
+    pattern = re.compile(rf"\b{field}\s*:?\s*([\[{{])")
+    found = list(pattern.finditer(masked, within, end))
     if len(found) != 1:
         raise ValueError(f"expected one {field} block, found {len(found)}")
     start = found[0].start(1)
     depth = 0
-    for i in range(start, len(masked)):
+    for i in range(start, end):
         if masked[i] in "[{":
             depth += 1
         elif masked[i] in "]}":

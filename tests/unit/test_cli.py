@@ -10,6 +10,7 @@ import pytest
 from triton_embed import cli
 from triton_embed.cli import build_parser, main, nearest, summarize
 from triton_embed.client import EmbedResult
+from triton_embed.retry import RetryPolicy
 
 # --- summarize ---------------------------------------------------------------------------
 
@@ -171,6 +172,7 @@ def test_embed_passes_every_flag_and_writes_all_outputs(fake_client, tmp_path):
         "--batch-size", "64", "--concurrency", "8", "--summary-json", str(summary),
         "--no-progress", "--url", "h:1", "--model", "m", "--timeout-s", "2.5",
         "--format", "jsonl", "--field", "body", "--truncation", "start", "--allow-empty",
+        "--retries", "3", "--retry-max-wait-s", "0.5",
     ]  # fmt: skip
     assert main(argv) == 0
     assert fake_client.made == [
@@ -183,6 +185,7 @@ def test_embed_passes_every_flag_and_writes_all_outputs(fake_client, tmp_path):
             "truncation": "START",
             "allow_empty": True,
             "admin_key": None,  # the client reads TRITON_EMBED_ADMIN_KEY(_FILE) itself
+            "retry": RetryPolicy(retries=3, initial_wait_s=0.1, max_wait_s=0.5),
         }
     ]
     np.testing.assert_array_equal(np.load(out), [[10.0, 0.0], [0.0, 1.0]])
@@ -192,6 +195,19 @@ def test_embed_passes_every_flag_and_writes_all_outputs(fake_client, tmp_path):
     assert table["embedding"] == [[10.0, 0.0], [0.0, 1.0]]
     written = json.loads(summary.read_text())
     assert (written["texts"], written["tokens"], written["dim"]) == (2, 6, 2)
+
+
+def test_retries_default_to_the_librarys_policy_and_turn_off_with_zero(fake_client, tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("one\n")
+    argv = ["embed", str(corpus), "-o", str(tmp_path / "v.npy"), "--no-progress"]
+    assert main(argv) == 0
+    assert main([*argv, "--retries", "0"]) == 0
+    assert main([*argv, "--retry-max-wait-s", "0.05"]) == 0  # below the 0.1 s first bound
+    default, off, short = (made["retry"] for made in fake_client.made)
+    assert default == RetryPolicy()
+    assert off.retries == 0
+    assert (short.initial_wait_s, short.max_wait_s) == (0.05, 0.05)
 
 
 def test_embed_of_an_empty_file_is_an_error(fake_client, tmp_path, capsys):
@@ -242,6 +258,9 @@ def test_query_with_a_corpus_of_another_length_is_an_error(fake_client, tmp_path
         ["embed", "in.txt", "-o", "o.npy", "--batch-size", "many"],
         ["embed", "in.txt", "-o", "o.npy", "--batch-size", "0"],
         ["embed", "in.txt", "-o", "o.npy", "--truncation", "MIDDLE"],
+        ["embed", "in.txt", "-o", "o.npy", "--retries", "-1"],
+        ["embed", "in.txt", "-o", "o.npy", "--retry-max-wait-s", "0"],
+        ["query", "q", "--embeddings", "e", "--corpus", "c", "--retry-max-wait-s", "inf"],
         ["query", "--embeddings", "e.npy", "--corpus", "c"],  # no query
         ["query", "q", "--corpus", "c"],  # --embeddings is required
         ["query", "q", "--embeddings", "e.npy"],  # --corpus is required

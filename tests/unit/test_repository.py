@@ -12,6 +12,7 @@ from triton_embed_server.repository import (
     set_instance_group,
     set_max_queue_delay,
     set_parameter,
+    set_queue_policy,
 )
 from tritonclient.grpc import model_config_pb2
 
@@ -117,6 +118,33 @@ def test_gpu_variant_count_kind_and_tokenizer(repo):
     assert tok.dynamic_batching.max_queue_delay_microseconds == 500  # untouched
 
 
+@pytest.mark.parametrize(
+    "config",
+    ["tokenizer/config.pbtxt", "embedder/config.pbtxt", "embedder/configs/gpu.pbtxt"],
+)
+def test_every_step_ships_a_bounded_queue_that_rejects(config):
+    policy = parse((MODEL_REPOSITORY / config).read_text()).dynamic_batching.default_queue_policy
+    assert policy.max_queue_size > 0
+    assert policy.timeout_action == model_config_pb2.ModelQueuePolicy.REJECT
+    assert policy.default_timeout_microseconds > 0
+    assert not policy.allow_timeout_override
+
+
+def test_edit_config_sets_the_queue_policy_and_nothing_else(repo):
+    config = repo / "embedder" / "config.pbtxt"
+    before = parse(config.read_text())
+    after = parse(edit_config(config, max_queue_size=4, queue_timeout_us=2_000_000))
+    policy = after.dynamic_batching.default_queue_policy
+    assert (policy.max_queue_size, policy.default_timeout_microseconds) == (4, 2_000_000)
+    assert policy.timeout_action == before.dynamic_batching.default_queue_policy.timeout_action
+    before.dynamic_batching.default_queue_policy.max_queue_size = 4
+    before.dynamic_batching.default_queue_policy.default_timeout_microseconds = 2_000_000
+    assert after == before
+    only_size = parse(edit_config(repo / "tokenizer" / "config.pbtxt", max_queue_size=0))
+    assert only_size.dynamic_batching.default_queue_policy.max_queue_size == 0  # unbounded
+    assert only_size.dynamic_batching.default_queue_policy.default_timeout_microseconds > 0
+
+
 def test_parameter_values_are_escaped_as_protobuf_strings():
     text = (MODEL_REPOSITORY / "tokenizer" / "config.pbtxt").read_text()
     odd = 'C:\\models\\"quoted"\nline'
@@ -180,6 +208,21 @@ def test_fields_in_comments_and_string_values_are_never_edited():
             "max_queue_delay_microseconds, found 0",
         ),
         (lambda t: set_max_queue_delay(t, -1), "integer >= 0"),
+        (lambda t: set_queue_policy(t, max_queue_size=4), "default_queue_policy block, found 0"),
+        (
+            lambda t: set_queue_policy(
+                t.replace("100 }", "100 default_queue_policy { max_queue_size: 1 } }"),
+                timeout_us=5,
+            ),
+            "default_timeout_microseconds, found 0",
+        ),
+        (
+            # a policy outside dynamic_batching is not the one edited
+            lambda t: set_queue_policy(t + "default_queue_policy { max_queue_size: 1 }\n", 2),
+            "default_queue_policy block, found 0",
+        ),
+        (lambda t: set_queue_policy(t, max_queue_size=-1), "max_queue_size must be an integer"),
+        (lambda t: set_queue_policy(t, timeout_us=1.5), "default_timeout_microseconds must be"),
     ],
 )
 def test_a_missing_or_ambiguous_field_is_an_error(edit, message):

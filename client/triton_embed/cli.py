@@ -15,17 +15,26 @@ it is never taken on the command line, where other users of the host could read 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from triton_embed.admin import grpc_headers, read_admin_key, read_key_file
-from triton_embed.client import DEFAULT_MODEL, DEFAULT_URL, EmbeddingClient, _map_error
-from triton_embed.corpus import read_texts
-from triton_embed.errors import EmbedClientError
+from triton_embed.client import (
+    DEFAULT_MODEL,
+    DEFAULT_URL,
+    EmbeddingClient,
+    _map_error,
+    check_url,
+)
+from triton_embed.corpus import read_texts, read_texts_and_lines
+from triton_embed.errors import EmbedClientError, InvalidInputError
 from triton_embed.options import DEFAULT_TRUNCATION, Truncation
 from triton_embed.retry import DEFAULT_MAX_WAIT_S, DEFAULT_RETRIES, RetryPolicy
 
@@ -63,6 +72,100 @@ def positive_float(raw: str) -> float:
     return value
 
 
+def _plural(n: int, word: str) -> str:
+    """``1 text``, ``2 texts``."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+# The server's hints name request parameters; the CLI sets them with its own flags.
+_FLAG_HINTS = (
+    ("set the request parameter allow_empty=true", "pass --allow-empty"),
+    ("set the request parameter truncation=", "pass --truncation "),
+)
+
+
+def _with_cli_flags(message: str) -> str:
+    """``message`` with the request parameters of its hints replaced by the CLI's flags."""
+    for parameter, flag in _FLAG_HINTS:
+        message = message.replace(parameter, flag)
+    return message
+
+
+def _text_error(exc: InvalidInputError, where: Callable[[int], str]) -> EmbedClientError:
+    """A refused text as the CLI reports it: where it came from, what is wrong, which flag.
+
+    Args:
+        exc: the client library's error.
+        where: the text's origin from its index, e.g. ``corpus.jsonl:7`` or ``query 2``.
+    """
+    if exc.index is None or exc.reason is None:  # not about one text
+        return EmbedClientError(_with_cli_flags(str(exc)))
+    return EmbedClientError(f"{where(exc.index)}: the text {_with_cli_flags(exc.reason)}")
+
+
+def _check_writable(flag: str, path: Path) -> None:
+    """Fail now, before any embedding, if ``path`` cannot be written.
+
+    Creates the missing parent folders; a file that did not exist is not left behind.
+
+    Raises:
+        EmbedClientError: names the flag, the path and why.
+    """
+    try:
+        if path.is_dir():
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        existed = path.exists()
+        with open(path, "ab"):  # appending truncates nothing
+            pass
+        if not existed:
+            path.unlink()
+    except OSError as exc:
+        raise EmbedClientError(f"cannot write {flag} {path}: {exc.strerror or exc}") from None
+
+
+def _write(flag: str, path: Path, write: Callable[[Path], None]) -> None:
+    """Run ``write(path)``; an ``OSError`` becomes one line naming the flag and the path."""
+    try:
+        write(path)
+    except OSError as exc:
+        raise EmbedClientError(f"cannot write {flag} {path}: {exc.strerror or exc}") from None
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    """Write ``array`` as .npy under exactly ``path`` (``np.save(name)`` would add ``.npy``)."""
+    with open(path, "wb") as f:
+        np.save(f, array)
+
+
+def _load_embeddings(path: Path) -> np.ndarray:
+    """The ``[n, dim]`` array of a .npy written by ``triton-embed embed``.
+
+    Raises:
+        EmbedClientError: one line naming ``--embeddings``, the file and what it must be.
+    """
+    what = "it must be a .npy file written by 'triton-embed embed' (its -o file)"
+    if not path.exists():
+        npy = path.with_name(path.name + ".npy")
+        guess = f"; did you mean {npy}?" if npy.is_file() else ""
+        raise EmbedClientError(f"--embeddings {path}: no such file{guess}")
+    try:
+        vectors = np.load(path, allow_pickle=False)
+    except (ValueError, EOFError) as exc:  # not .npy: numpy would try it as a pickle
+        raise EmbedClientError(f"--embeddings {path} is not a .npy file; {what}") from exc
+    except OSError as exc:
+        raise EmbedClientError(f"cannot read --embeddings {path}: {exc.strerror or exc}") from exc
+    if isinstance(vectors, np.lib.npyio.NpzFile):
+        vectors.close()
+        raise EmbedClientError(f"--embeddings {path} is a .npz archive, not a .npy file; {what}")
+    if vectors.ndim != 2 or not np.issubdtype(vectors.dtype, np.number):
+        raise EmbedClientError(
+            f"--embeddings {path} does not hold a [n, dim] array of numbers (it holds "
+            f"{vectors.dtype} {list(vectors.shape)}); {what}"
+        )
+    return vectors
+
+
 def _add_retry_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--retries",
@@ -87,7 +190,9 @@ def _retry_policy(args: argparse.Namespace) -> RetryPolicy:
 
 def _add_key_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--url", default=DEFAULT_URL, help="gRPC endpoint host:port (default %(default)s)"
+        "--url",
+        default=DEFAULT_URL,
+        help="the server's gRPC port as host:port, without http:// (default %(default)s)",
     )
     p.add_argument(
         "--admin-key-file",
@@ -106,7 +211,12 @@ def _key_from_file(args: argparse.Namespace) -> str | None:
 def _add_connection_args(p: argparse.ArgumentParser) -> None:
     _add_key_args(p)
     p.add_argument("--model", default=DEFAULT_MODEL, help="ensemble name (default %(default)s)")
-    p.add_argument("--timeout-s", type=float, default=120.0, help="per-request deadline, seconds")
+    p.add_argument(
+        "--timeout-s",
+        type=positive_float,
+        default=120.0,
+        help="per-request deadline, seconds (default %(default)s)",
+    )
     p.add_argument(
         "--truncation",
         type=str.upper,
@@ -219,7 +329,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("action", choices=("load", "unload"), help="what to do with the model")
     r.add_argument("name", help="the model's name in the server's model repository")
     r.add_argument(
-        "--timeout-s", type=float, default=600.0, help="deadline, seconds (default %(default)s)"
+        "--timeout-s",
+        type=positive_float,
+        default=600.0,
+        help="deadline, seconds (default %(default)s)",
     )
     _add_key_args(r)
     return parser
@@ -248,12 +361,19 @@ def run_embed(args: argparse.Namespace) -> dict:
     """``triton-embed embed``: returns the closing summary."""
     from tqdm import tqdm
 
-    texts = read_texts(args.input, args.format, args.field)
+    texts, lines = read_texts_and_lines(args.input, args.format, args.field)
     if not texts:
         raise EmbedClientError(f"{args.input} holds no texts")
-    for out in (args.output, args.parquet, args.summary_json):
-        if out is not None:
-            out.parent.mkdir(parents=True, exist_ok=True)
+    outputs = {"-o": args.output, "--parquet": args.parquet, "--summary-json": args.summary_json}
+    given = {flag: out for flag, out in outputs.items() if out is not None}
+    seen: dict[Path, str] = {}
+    for flag, out in given.items():
+        other = seen.setdefault(out.resolve(), flag)
+        if other != flag:
+            raise EmbedClientError(f"{other} and {flag} name the same file, {out}")
+        _check_writable(flag, out)
+    if args.parquet:
+        import pyarrow  # noqa: F401 - fail before embedding when it is missing
     with EmbeddingClient(
         args.url,
         args.model,
@@ -277,10 +397,14 @@ def run_embed(args: argparse.Namespace) -> dict:
             bar.update(n_texts)
 
         t0 = time.perf_counter()
-        result = client.embed_with_details(texts, on_batch_done=progress)
+        try:
+            result = client.embed_with_details(texts, on_batch_done=progress)
+        except InvalidInputError as exc:
+            raise _text_error(exc, lambda i: f"{args.input}:{lines[i]}") from None
+        finally:
+            bar.close()
         elapsed = time.perf_counter() - t0
-        bar.close()
-    np.save(args.output, result.embeddings)
+    _write("-o", args.output, lambda path: _save_npy(path, result.embeddings))
     if args.parquet:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -295,23 +419,26 @@ def run_embed(args: argparse.Namespace) -> dict:
                 ),
             }
         )
-        pq.write_table(table, args.parquet)
+        _write("--parquet", args.parquet, lambda path: pq.write_table(table, path))
     summary = summarize(len(texts), int(result.num_tokens.sum()), elapsed, result.latencies_s)
     summary["dim"] = int(result.embeddings.shape[1])
     summary["retries"] = result.retries
     retried = (
-        f"; {result.retries} requests sent again after the server refused them (overloaded)"
+        f"; {_plural(result.retries, 'request')} sent again after the server refused "
+        f"{'it' if result.retries == 1 else 'them'} (overloaded)"
         if result.retries
         else ""
     )
+    if args.summary_json:
+        text = json.dumps(summary, indent=2)
+        _write("--summary-json", args.summary_json, lambda path: path.write_text(text))
     print(
-        f"embedded {summary['texts']} texts ({summary['tokens']} tokens, dim {summary['dim']}) "
+        f"embedded {_plural(summary['texts'], 'text')} ({_plural(summary['tokens'], 'token')}, "
+        f"dim {summary['dim']}) "
         f"in {summary['seconds']:.2f} s: {summary['texts_per_s']:.1f} texts/s, "
         f"{summary['tokens_per_s']:.0f} tokens/s; request latency p50 {summary['p50_ms']:.1f} ms, "
         f"p99 {summary['p99_ms']:.1f} ms{retried} -> {args.output}"
     )
-    if args.summary_json:
-        args.summary_json.write_text(json.dumps(summary, indent=2))
     return summary
 
 
@@ -351,7 +478,7 @@ def run_query(args: argparse.Namespace) -> list[dict]:
     """``triton-embed query``: prints and returns the hits."""
     if args.top_k < 1:
         raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
-    vectors = np.load(args.embeddings)
+    vectors = _load_embeddings(args.embeddings)
     texts = read_texts(args.corpus, args.format, args.field)
     if len(texts) != len(vectors):
         raise EmbedClientError(
@@ -367,7 +494,10 @@ def run_query(args: argparse.Namespace) -> list[dict]:
         admin_key=_key_from_file(args),  # None: the client reads the environment
         retry=_retry_policy(args),
     ) as client:
-        qv = client.embed(args.queries)
+        try:
+            qv = client.embed(args.queries)
+        except InvalidInputError as exc:
+            raise _text_error(exc, lambda i: f"query {i + 1}") from None
     results = []
     for query, hits in zip(args.queries, nearest(vectors, qv, args.top_k), strict=True):
         results.append(
@@ -400,6 +530,7 @@ def run_repository(args: argparse.Namespace) -> None:
     """
     import tritonclient.grpc as grpcclient
 
+    check_url(args.url)
     headers = grpc_headers(_key_from_file(args) or read_admin_key()) or None
     client = grpcclient.InferenceServerClient(args.url)
     try:

@@ -16,6 +16,10 @@ embedded exactly once, in input order, or the call raises.
 
 from __future__ import annotations
 
+import math
+import numbers
+import operator
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -41,6 +45,13 @@ from triton_embed.retry import RetryPolicy
 
 DEFAULT_URL = "127.0.0.1:8001"
 DEFAULT_MODEL = "embed"
+#: What every "cannot reach the server" error adds: a common cause is the wrong port.
+URL_HINT = (
+    "check that the server runs and that the URL is host:port of its gRPC port (8001 by "
+    "default), not of its HTTP port (8000 by default)"
+)
+# "text N" in a server message: N counts the texts of that request, from 0.
+_SERVER_TEXT_INDEX = re.compile(r"\btext (\d+)\b:? ?")
 
 
 @dataclass(frozen=True)
@@ -64,22 +75,88 @@ class EmbedResult:
     retries: int = 0
 
 
-def _as_bytes(text: str | bytes) -> bytes:
+def check_url(url: str) -> str:
+    """Check that ``url`` is a gRPC ``host:port``, as ``tritonclient.grpc`` takes it.
+
+    Returns:
+        ``url`` unchanged.
+
+    Raises:
+        InvalidInputError: ``url`` has a scheme (``http://...``), which gRPC would try to
+            resolve as a host name ("Misformatted domain name"); the message says what to pass.
+    """
+    if "://" in url:
+        host_port = url.split("://", 1)[1].rstrip("/")
+        raise InvalidInputError(
+            f"url {url!r} has a scheme: pass host:port of the server's gRPC port (8001 by "
+            f"default), without http://, e.g. {host_port or DEFAULT_URL!r}"
+        )
+    return url
+
+
+def _as_bytes(text: str | bytes, index: int) -> bytes:
+    """The UTF-8 bytes of ``texts[index]``.
+
+    Raises:
+        InvalidInputError: the text is neither ``str`` nor ``bytes``, or holds a lone
+            surrogate (no UTF-8 form); names ``index``.
+    """
     if isinstance(text, bytes):
         return text
     if isinstance(text, str):
-        return text.encode("utf-8")
-    raise InvalidInputError(f"texts must be str or bytes, got {type(text).__name__}")
+        try:
+            return text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            reason = (
+                f"holds a lone surrogate, U+{ord(text[exc.start]):04X} at character {exc.start}, "
+                'which has no UTF-8 form (typically from a JSON escape such as "\\ud800" or '
+                "from bytes decoded with errors='surrogateescape'); remove it or replace it, "
+                "e.g. with U+FFFD"
+            )
+            raise InvalidInputError(
+                f"texts[{index}] {reason}", index=index, reason=reason
+            ) from None
+    reason = f"must be str or bytes, got {type(text).__name__}"
+    raise InvalidInputError(f"texts[{index}] {reason}", index=index, reason=reason)
+
+
+def _check_arguments(timeout_s: float, max_concurrency: int, batch_size: int | None) -> int:
+    """Refuse out-of-range constructor arguments; returns ``max_concurrency`` as an int.
+
+    Raises:
+        InvalidInputError: ``timeout_s`` not a finite number > 0, ``max_concurrency`` not a
+            whole number >= 1, or ``batch_size`` < 1.
+    """
+    if (
+        isinstance(timeout_s, bool)
+        or not isinstance(timeout_s, numbers.Real)
+        or not (math.isfinite(timeout_s) and timeout_s > 0)
+    ):
+        raise InvalidInputError(
+            f"timeout_s must be a finite number of seconds > 0, got {timeout_s!r}"
+        )
+    try:
+        concurrency = None if isinstance(max_concurrency, bool) else operator.index(max_concurrency)
+    except TypeError:
+        concurrency = None
+    if concurrency is None or concurrency < 1:
+        raise InvalidInputError(
+            f"max_concurrency must be a whole number >= 1, got {max_concurrency!r}"
+        )
+    if batch_size is not None and batch_size < 1:
+        raise InvalidInputError(f"batch_size must be >= 1, got {batch_size}")
+    return concurrency
 
 
 class EmbeddingClient:
     """Embeds texts with a running ``embed`` ensemble.
 
     Args:
-        url: gRPC endpoint ``host:port`` (Triton's default gRPC port is 8001).
+        url: gRPC endpoint ``host:port``, without a scheme (Triton's default gRPC port is
+            8001; 8000, its HTTP port, does not answer gRPC).
         model: the ensemble's name.
-        timeout_s: deadline of each gRPC request, seconds.
-        max_concurrency: requests in flight at once.
+        timeout_s: deadline of each gRPC request, seconds (finite, > 0).
+        max_concurrency: requests in flight at once (>= 1).
         batch_size: texts per request; ``None`` uses the server's ``max_batch_size``.
             Larger values are capped at it. Reading ``max_batch_size`` (the model config) needs
             the admin key; if the server refuses that read (no key, or a wrong one), a given
@@ -104,8 +181,9 @@ class EmbeddingClient:
     The option names, values and defaults are those of :mod:`triton_embed.options`.
 
     Raises:
-        InvalidInputError: an option outside its allowed values, ``batch_size`` < 1, or an
-            unusable ``admin_key``.
+        InvalidInputError: an option outside its allowed values, ``timeout_s`` <= 0 (or not
+            finite), ``max_concurrency`` < 1, ``batch_size`` < 1, a ``url`` with a scheme
+            (``http://``), or an unusable ``admin_key``. A subclass of ``ValueError``.
         ServerUnavailableError: the server cannot be reached or the model is not ready.
         AccessDeniedError: the server refused the config read (no key or a wrong one) and no
             ``batch_size`` was given.
@@ -127,6 +205,8 @@ class EmbeddingClient:
     ):
         import tritonclient.grpc as grpcclient
 
+        max_concurrency = _check_arguments(timeout_s, max_concurrency, batch_size)
+        check_url(url)
         try:
             self.options = RequestOptions(truncation, allow_empty, invalid_utf8)
         except ValueError as exc:
@@ -149,10 +229,8 @@ class EmbeddingClient:
         self.url = url
         self.model = model
         self.timeout_s = timeout_s
-        self.max_concurrency = max(1, max_concurrency)
+        self.max_concurrency = max_concurrency
         self._client = grpcclient.InferenceServerClient(url)
-        if batch_size is not None and batch_size < 1:
-            raise InvalidInputError(f"batch_size must be >= 1, got {batch_size}")
         self.batch_size = batch_size  # as asked; capped at max_batch_size below
         self.max_batch_size = self._server_max_batch_size()
         self.batch_size = min(batch_size or self.max_batch_size, self.max_batch_size)
@@ -204,8 +282,9 @@ class EmbeddingClient:
             float32 ``[n, dim]`` in input order.
 
         Raises:
-            InvalidInputError: the server rejected a text (the message names the batch and
-                the text's index in it).
+            InvalidInputError: a text was refused (by the server, or by the client before
+                sending: a lone surrogate, a wrong type); ``error.index`` is its index in
+                ``texts``, which the message names.
             ServerUnavailableError, EmbedTimeoutError: transport failures.
         """
         return self.embed_with_details(texts).embeddings
@@ -226,7 +305,8 @@ class EmbeddingClient:
             :class:`EmbedResult`.
 
         Raises:
-            InvalidInputError: the server rejected a text (never retried).
+            InvalidInputError: a text was refused (never retried); ``error.index`` is its
+                index in ``texts``.
             ServerOverloadedError: the server still refused a batch as overloaded after the
                 retries of ``retry``.
             ServerUnavailableError, EmbedTimeoutError: transport failures.
@@ -235,7 +315,7 @@ class EmbeddingClient:
             raise InvalidInputError(
                 "texts must be a sequence of texts, not a single str/bytes; wrap it in a list"
             )
-        payloads = [_as_bytes(t) for t in texts]
+        payloads = [_as_bytes(t, i) for i, t in enumerate(texts)]
         if not payloads:
             return EmbedResult(np.zeros((0, 0), np.float32), np.zeros(0, np.int32), [])
         starts = list(range(0, len(payloads), self.batch_size))
@@ -293,7 +373,14 @@ class EmbeddingClient:
 def _map_error(
     exc: BaseException, url: str, offset: int | None = None, size: int | None = None
 ) -> EmbedClientError:
-    """Translate a ``tritonclient`` exception into this library's error types."""
+    """Translate a ``tritonclient`` exception into this library's error types.
+
+    Args:
+        exc: the exception.
+        url: the server's URL (for the message).
+        offset: index in the caller's texts of the request's first text, if a request failed.
+        size: texts in that request.
+    """
     status = ""
     message = str(exc)
     if hasattr(exc, "status") and callable(exc.status):
@@ -303,7 +390,7 @@ def _map_error(
     if is_refused(message):  # gRPC UNAVAILABLE, but the server is up: the key is missing/wrong
         return AccessDeniedError(f"{where}server at {url} refused the call: {message}")
     if "INVALID_ARGUMENT" in status or "400" == status:
-        return InvalidInputError(f"{where}{message}")
+        return _invalid_input(message, where, offset, size)
     if "DEADLINE_EXCEEDED" in status or "Deadline Exceeded" in message:
         return EmbedTimeoutError(f"{where}request to {url} timed out: {message}")
     if "UNAVAILABLE" in status and (QUEUE_FULL in message or QUEUE_TIMEOUT in message):
@@ -312,5 +399,33 @@ def _map_error(
             "retry later, with backoff"
         )
     if "UNAVAILABLE" in status or "failed to connect" in message.lower():
-        return ServerUnavailableError(f"server at {url} is unavailable: {message}")
+        return ServerUnavailableError(f"server at {url} is unavailable: {message}; {URL_HINT}")
     return EmbedClientError(f"{where}{status} {message}".strip())
+
+
+def _invalid_input(
+    message: str, where: str, offset: int | None, size: int | None
+) -> InvalidInputError:
+    """The server's ``INVALID_ARGUMENT``, naming the text by its index in the caller's texts.
+
+    The server names a text by its index in the request ("text 6 is empty ..."); a request
+    holds ``texts[offset : offset + size]``, so the text is ``texts[offset + 6]``. A message
+    with no such index (a whole-request error), or with one outside the request, is kept
+    under the request's range.
+    """
+    found = _SERVER_TEXT_INDEX.search(message)
+    if offset is None or not size or found is None or int(found.group(1)) >= size:
+        return InvalidInputError(f"{where}{message}", server_message=message)
+    in_request = int(found.group(1))
+    index = offset + in_request
+    note = (
+        f" (text {in_request} of the request that sent texts[{offset}:{offset + size}])"
+        if offset
+        else ""
+    )
+    return InvalidInputError(
+        f"texts[{index}] was rejected: {message}{note}",
+        index=index,
+        reason=message[found.end() :],
+        server_message=message,
+    )

@@ -9,7 +9,18 @@ FORTUNES_DIR = Path("/usr/share/games/fortunes")
 
 
 def read_texts(path: str | Path, fmt: str = "auto", field: str = "text") -> list[str]:
-    """Read texts from a file.
+    """Read texts from a file (:func:`read_texts_and_lines` without the line numbers).
+
+    Raises:
+        ValueError: as :func:`read_texts_and_lines`.
+    """
+    return read_texts_and_lines(path, fmt, field)[0]
+
+
+def read_texts_and_lines(
+    path: str | Path, fmt: str = "auto", field: str = "text"
+) -> tuple[list[str], list[int]]:
+    """Read texts from a file, with the line each text is on.
 
     Args:
         path: the file.
@@ -19,7 +30,8 @@ def read_texts(path: str | Path, fmt: str = "auto", field: str = "text") -> list
         field: the JSON key holding the text.
 
     Returns:
-        The texts in file order.
+        The texts in file order, and the line number (from 1) of each: blank lines are
+        skipped, so text ``i`` is on line ``lines[i]``, which can be further down than ``i + 1``.
 
     Raises:
         ValueError: unknown ``fmt``, a line that is not UTF-8, or a JSONL line that is not
@@ -31,6 +43,7 @@ def read_texts(path: str | Path, fmt: str = "auto", field: str = "text") -> list
     if fmt not in ("text", "jsonl"):
         raise ValueError(f"unknown format {fmt!r}; use text, jsonl or auto")
     texts: list[str] = []
+    lines: list[int] = []
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             try:
@@ -45,6 +58,7 @@ def read_texts(path: str | Path, fmt: str = "auto", field: str = "text") -> list
                 continue
             if fmt == "text":
                 texts.append(line)
+                lines.append(lineno)
                 continue
             try:
                 record = json.loads(line)
@@ -53,7 +67,8 @@ def read_texts(path: str | Path, fmt: str = "auto", field: str = "text") -> list
             if not isinstance(record, dict) or not isinstance(record.get(field), str):
                 raise ValueError(f"{path}:{lineno}: expected an object with a string {field!r}")
             texts.append(record[field])
-    return texts
+            lines.append(lineno)
+    return texts, lines
 
 
 def read_fortunes(

@@ -1,5 +1,7 @@
 """The client library's errors; ``tritonclient`` exception types never reach the caller."""
 
+from __future__ import annotations
+
 
 class EmbedClientError(Exception):
     """Base class of every error the client library raises."""
@@ -11,7 +13,30 @@ class InvalidInputError(EmbedClientError, ValueError):
     Raised when the server answers ``INVALID_ARG`` (gRPC ``INVALID_ARGUMENT``, HTTP 400:
     a text breaks the input contract, or a request option has a value outside those of
     :mod:`triton_embed.options`), and when the client refuses an argument before sending.
+
+    Attributes:
+        index: when the error is about one text, its index in the texts given to
+            :meth:`~triton_embed.client.EmbeddingClient.embed` (the server counts texts from
+            the start of each request; the client adds the request's offset); else ``None``.
+        reason: when ``index`` is set, what is wrong with that text, worded to follow
+            "text", e.g. ``"is empty; send at least one character, or set the request
+            parameter allow_empty=true to embed it"``; else ``None``.
+        server_message: the server's message as it sent it; ``None`` when the client
+            refused the input before sending.
     """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        index: int | None = None,
+        reason: str | None = None,
+        server_message: str | None = None,
+    ):
+        super().__init__(message)
+        self.index = index
+        self.reason = reason
+        self.server_message = server_message
 
 
 class ServerUnavailableError(EmbedClientError, ConnectionError):

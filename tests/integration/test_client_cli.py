@@ -70,12 +70,25 @@ def test_client_caps_batch_size_at_the_servers_max_batch_size(server):
 
 def test_client_raises_its_own_error_types(server):
     with EmbeddingClient(server.grpc_url, admin_key=server.admin_key) as client:
-        with pytest.raises(InvalidInputError, match=r"texts\[0:2\]: .*text 1 is empty"):
+        with pytest.raises(InvalidInputError, match=r"texts\[1\] was rejected: .*text 1 is empty"):
             client.embed(["fine", ""])
         with pytest.raises(InvalidInputError, match="str or bytes"):
             client.embed([42])
+        with pytest.raises(InvalidInputError, match=r"texts\[1\] holds a lone surrogate"):
+            client.embed(["fine", "a\ud800b"])
+    with EmbeddingClient(server.grpc_url, batch_size=4, admin_key=server.admin_key) as client:
+        texts = ["fine"] * 10
+        texts[6] = ""  # text 2 of the second request
+        with pytest.raises(InvalidInputError) as info:
+            client.embed(texts)
+        assert info.value.index == 6 and "text 2 is empty" in info.value.server_message
+        assert str(info.value).startswith("texts[6] was rejected: ")
     with pytest.raises(ServerUnavailableError):
         EmbeddingClient(f"127.0.0.1:{free_port()}")
+    with pytest.raises(ServerUnavailableError, match=r"gRPC port \(8001 by default\)"):
+        EmbeddingClient(server.http_url.removeprefix("http://"), retry=0)  # the HTTP port
+    with pytest.raises(InvalidInputError, match="has a scheme"):
+        EmbeddingClient(f"http://{server.grpc_url}")
     with pytest.raises(ServerUnavailableError, match="not ready"):
         EmbeddingClient(server.grpc_url, model="no_such_model")
     with EmbeddingClient(server.grpc_url, timeout_s=0.001, admin_key=server.admin_key) as client:
@@ -203,7 +216,8 @@ def test_cli_reports_errors_without_a_traceback(server, tmp_path, cli_env):
         timeout=120,
     )
     assert proc.returncode == 1
-    assert "text 1 is empty" in proc.stderr and "Traceback" not in proc.stderr
+    assert f"{bad}:2: the text is empty;" in proc.stderr and "Traceback" not in proc.stderr
+    assert "pass --allow-empty" in proc.stderr
     proc = subprocess.run(
         [
             *CLI,
@@ -221,3 +235,29 @@ def test_cli_reports_errors_without_a_traceback(server, tmp_path, cli_env):
         timeout=120,
     )
     assert proc.returncode == 1 and "unavailable" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cli_output_is_written_under_the_name_given_and_queried_by_it(
+    server, small_corpus, tmp_path, cli_env
+):
+    out = tmp_path / "vec"  # no .npy suffix
+    common = ["--url", server.grpc_url]
+    proc = subprocess.run(
+        [*CLI, "embed", str(small_corpus["txt"]), "-o", str(out), "--no-progress", *common],
+        capture_output=True,
+        text=True,
+        env=cli_env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.rstrip().endswith(f"-> {out}") and out.is_file()
+    query = [*CLI, "query", small_corpus["lines"][3], "--corpus", str(small_corpus["txt"])]
+    proc = subprocess.run(
+        [*query, "--embeddings", str(out), "--json", "-k", "1", *common],
+        capture_output=True,
+        text=True,
+        env=cli_env,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)[0]["hits"][0]["index"] == 3

@@ -12,6 +12,15 @@ from triton_embed.cli import build_parser, main, nearest, summarize
 from triton_embed.client import EmbedResult
 from triton_embed.retry import RetryPolicy
 
+from tests import fake_triton as fake_server
+
+
+@pytest.fixture
+def fake_triton(monkeypatch):
+    """The real EmbeddingClient over a stand-in gRPC client (tests/fake_triton.py)."""
+    return fake_server.install(monkeypatch)
+
+
 # --- summarize ---------------------------------------------------------------------------
 
 
@@ -264,6 +273,10 @@ def test_query_with_a_corpus_of_another_length_is_an_error(fake_client, tmp_path
         ["query", "--embeddings", "e.npy", "--corpus", "c"],  # no query
         ["query", "q", "--corpus", "c"],  # --embeddings is required
         ["query", "q", "--embeddings", "e.npy"],  # --corpus is required
+        ["embed", "in.txt", "-o", "o.npy", "--timeout-s", "0"],
+        ["embed", "in.txt", "-o", "o.npy", "--timeout-s", "-5"],
+        ["query", "q", "--embeddings", "e", "--corpus", "c", "--timeout-s", "nan"],
+        ["repository", "load", "embed", "--timeout-s", "0"],
         ["serve"],
     ],
 )
@@ -271,9 +284,189 @@ def test_parser_rejects(argv, capsys):
     with pytest.raises(SystemExit) as info:
         build_parser().parse_args(argv)
     assert info.value.code == 2
-    assert "triton-embed" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "triton-embed" in err
+    if "--timeout-s" in argv:
+        assert "argument --timeout-s: must be a finite number > 0" in err
 
 
 def test_nearest_rejects_k_below_one():
     with pytest.raises(ValueError, match="k must be >= 1, got 0"):
         nearest(np.eye(3, dtype=np.float32), np.eye(3, dtype=np.float32)[:1], 0)
+
+
+# --- output files ------------------------------------------------------------------------
+
+
+def test_embed_writes_the_output_under_the_name_given_and_query_reads_it(
+    fake_client, tmp_path, capsys
+):
+    corpus = tmp_path / "ok.txt"
+    corpus.write_text("one two\nthree\n")
+    out = tmp_path / "vec"  # no .npy suffix: numpy's np.save(name) would add one
+    assert main(["embed", str(corpus), "-o", str(out), "--no-progress"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith(f"-> {out}")
+    assert out.is_file() and not (tmp_path / "vec.npy").exists()
+    np.testing.assert_array_equal(np.load(out), [[7.0, 0.0], [5.0, 1.0]])
+    argv = ["query", "hello", "--embeddings", str(out), "--corpus", str(corpus), "--json"]
+    assert main(argv) == 0
+    assert [h["text"] for h in json.loads(capsys.readouterr().out)[0]["hits"]] == [
+        "one two",
+        "three",
+    ]
+
+
+def test_embed_to_a_full_device_fails_with_a_clear_error(fake_client, tmp_path, capsys):
+    corpus = tmp_path / "ok.txt"
+    corpus.write_text("one\n")
+    assert main(["embed", str(corpus), "-o", "/dev/full", "--no-progress"]) == 1
+    captured = capsys.readouterr()
+    assert "->" not in captured.out
+    assert "error: cannot write -o /dev/full: No space left on device" in captured.err
+
+
+@pytest.mark.parametrize("flag", ["-o", "--parquet", "--summary-json"])
+def test_unwritable_outputs_fail_before_embedding(fake_client, tmp_path, capsys, flag):
+    corpus = tmp_path / "ok.txt"
+    corpus.write_text("one\n")
+    paths = {"-o": tmp_path / "v.npy", "--parquet": None, "--summary-json": None}
+    paths[flag] = tmp_path  # a folder: no file can be written there
+    argv = ["embed", str(corpus), "--no-progress"]
+    argv += [arg for f, p in paths.items() if p is not None for arg in (f, str(p))]
+    assert main(argv) == 1
+    assert fake_client.made == []  # nothing was embedded
+    assert f"error: cannot write {flag} {tmp_path}: Is a directory" in capsys.readouterr().err
+    assert not (tmp_path / "v.npy").exists()
+
+
+def test_the_writability_check_leaves_no_file_behind(fake_client, tmp_path, capsys):
+    corpus = tmp_path / "ok.txt"
+    corpus.write_text("one\n")
+    out, parquet = tmp_path / "new" / "v.npy", tmp_path / "new" / "v.parquet"
+    argv = ["embed", str(corpus), "-o", str(out), "--parquet", str(parquet), "--no-progress"]
+    assert main([*argv, "--summary-json", str(tmp_path)]) == 1
+    assert not out.exists() and not parquet.exists()
+
+
+def test_summary_says_text_or_texts(fake_client, tmp_path, capsys):
+    corpus = tmp_path / "one.txt"
+    corpus.write_text("alone\n")
+    assert main(["embed", str(corpus), "-o", str(tmp_path / "v.npy"), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("embedded 1 text (3 tokens, dim 2)")
+
+
+# --- query --embeddings ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "content, what",
+    [
+        (b"one two\nthree\n", "not a .npy file"),
+        (b"", "not a .npy file"),
+        (None, "does not hold"),  # a .npy of another shape
+    ],
+)
+def test_query_with_embeddings_that_are_not_an_embed_output(
+    fake_client, tmp_path, capsys, content, what
+):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("a\nb\n")
+    emb = tmp_path / "e.npy"
+    if content is None:
+        np.save(emb, np.arange(2.0))
+    else:
+        emb.write_bytes(content)
+    argv = ["query", "q", "--embeddings", str(emb), "--corpus", str(corpus)]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pickle" not in err
+    assert f"--embeddings {emb}" in err and what in err
+    assert "written by 'triton-embed embed'" in err
+
+
+def test_query_with_missing_embeddings_points_at_the_npy_next_to_it(fake_client, tmp_path, capsys):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("a\n")
+    np.save(tmp_path / "vec.npy", np.eye(1, 2, dtype=np.float32))
+    argv = ["query", "q", "--embeddings", str(tmp_path / "vec"), "--corpus", str(corpus)]
+    assert main(argv) == 1
+    assert f"did you mean {tmp_path / 'vec.npy'}?" in capsys.readouterr().err
+
+
+# --- errors of one text, over the real client and a stand-in server ------------------------
+
+
+def test_an_empty_jsonl_record_is_named_by_its_line_and_the_cli_flag(fake_triton, tmp_path, capsys):
+    corpus = tmp_path / "c.jsonl"
+    lines = [f'{{"text": "t{i}"}}' for i in range(7)]
+    lines[3] = ""  # a blank line: skipped, but it still counts as a line
+    lines[5] = '{"text": ""}'  # the 5th text (index 4), on line 6, in the 2nd request
+    corpus.write_text("\n".join(lines) + "\n")
+    argv = ["embed", str(corpus), "-o", str(tmp_path / "v.npy"), "--no-progress"]
+    assert main([*argv, "--batch-size", "2"]) == 1
+    err = capsys.readouterr().err
+    assert f"error: {corpus}:6: the text is empty; send at least one character, or pass " in err
+    assert "--allow-empty to embed it" in err
+    assert "request parameter" not in err and "texts[" not in err
+    assert main([*argv, "--allow-empty"]) == 0
+
+
+def test_an_over_long_line_is_named_by_its_line_and_the_cli_flag(fake_triton, tmp_path, capsys):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("a\n\nb\nc\nd\ne\n" + "w " * 20 + "\n")  # line 7, text 5
+    argv = ["embed", str(corpus), "-o", str(tmp_path / "v.npy"), "--no-progress"]
+    assert main([*argv, "--truncation", "NONE"]) == 1
+    err = capsys.readouterr().err
+    assert f"error: {corpus}:7: the text has 22 tokens; the model accepts 8; shorten it or " in err
+    assert "pass --truncation END or START" in err and "request parameter" not in err
+
+
+def test_a_lone_surrogate_in_jsonl_is_named_by_its_line(fake_triton, tmp_path, capsys):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "ok"}\n\n{"text": "a\\ud800b"}\n')  # a JSON escape
+    argv = ["embed", str(corpus), "-o", str(tmp_path / "v.npy"), "--no-progress"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert f"error: {corpus}:3: the text " in err and "U+D800" in err
+    assert "Traceback" not in err and fake_triton.requests == []
+
+
+def test_a_bad_query_is_named_by_its_position(fake_triton, tmp_path, capsys):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("a\n")
+    np.save(tmp_path / "e.npy", np.eye(1, 2, dtype=np.float32))
+    argv = ["query", "fine", "", "--embeddings", str(tmp_path / "e.npy"), "--corpus", str(corpus)]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "error: query 2: the text is empty;" in err and "pass --allow-empty" in err
+
+
+def test_two_outputs_on_one_file_are_refused_before_embedding(fake_client, tmp_path, capsys):
+    corpus = tmp_path / "ok.txt"
+    corpus.write_text("one\n")
+    out = tmp_path / "v.npy"
+    argv = ["embed", str(corpus), "-o", str(out), "--summary-json", str(out), "--no-progress"]
+    assert main(argv) == 1
+    assert f"-o and --summary-json name the same file, {out}" in capsys.readouterr().err
+    assert fake_client.made == []
+
+
+@pytest.mark.parametrize(
+    "retries, words",
+    [(1, "; 1 request sent again after the server refused it"), (3, "; 3 requests sent again")],
+)
+def test_summary_says_request_or_requests(
+    fake_client, tmp_path, capsys, monkeypatch, retries, words
+):
+    def with_retries(self, texts, on_batch_done=None):
+        return EmbedResult(
+            np.ones((len(texts), 2), np.float32), np.ones(len(texts), np.int32), [0.01], retries
+        )
+
+    monkeypatch.setattr(FakeClient, "embed_with_details", with_retries)
+    corpus = tmp_path / "two.txt"
+    corpus.write_text("a\nb\n")
+    assert main(["embed", str(corpus), "-o", str(tmp_path / "v.npy"), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("embedded 2 texts (2 tokens, dim 2)") and words in printed

@@ -1,0 +1,80 @@
+"""A stand-in for ``tritonclient.grpc.InferenceServerClient`` with the ``embed`` input rules.
+
+Unit tests patch it in (:func:`install`) for the real gRPC client, so that
+:class:`triton_embed.EmbeddingClient` (and the CLI over it) runs its own code, batching and
+error mapping included, with no server.
+It answers the way the server does: an empty text without ``allow_empty`` and a text of more
+than :attr:`FakeTriton.max_tokens` words with ``truncation=NONE`` fail the request with gRPC
+``INVALID_ARGUMENT`` and the server's message, which counts texts from the start of the request.
+Text ``t`` embeds to ``[len(t), 1.0]``; it has ``len(t.split()) + 2`` tokens.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from triton_embed.codec import encode_embeddings
+from tritonclient.utils import InferenceServerException, deserialize_bytes_tensor
+
+
+class _Result:
+    def __init__(self, outputs: dict[str, np.ndarray]):
+        self.outputs = outputs
+
+    def as_numpy(self, name: str) -> np.ndarray:
+        return self.outputs[name]
+
+
+class FakeTriton:
+    """``InferenceServerClient(url)`` of a server whose ``embed`` has ``max_batch_size`` 4."""
+
+    max_batch_size = 4
+    max_tokens = 8
+    requests: list[list[bytes]] = []  # every request's texts, in the order they arrived
+
+    def __init__(self, url: str, *args, **kwargs):
+        self.url = url
+
+    def is_model_ready(self, model: str, *args, **kwargs) -> bool:
+        return model == "embed"
+
+    def get_model_config(self, model: str, as_json: bool = False, headers=None, **kwargs):
+        return {"config": {"name": model, "max_batch_size": self.max_batch_size}}
+
+    def infer(self, model, inputs, outputs=None, client_timeout=None, parameters=None, **kwargs):
+        texts = [bytes(t) for t in deserialize_bytes_tensor(inputs[0]._get_content())]
+        FakeTriton.requests.append(texts)
+        params = parameters or {}
+        for i, text in enumerate(texts):
+            if not text and not params.get("allow_empty"):
+                raise InferenceServerException(
+                    msg=f"in ensemble 'embed', text {i} is empty; send at least one character, "
+                    "or set the request parameter allow_empty=true to embed it",
+                    status="StatusCode.INVALID_ARGUMENT",
+                )
+            tokens = len(text.split()) + 2
+            if tokens > self.max_tokens and params.get("truncation") == "NONE":
+                raise InferenceServerException(
+                    msg=f"in ensemble 'embed', text {i} has {tokens} tokens; the model accepts "
+                    f"{self.max_tokens}; shorten it or set the request parameter truncation=END "
+                    "or START",
+                    status="StatusCode.INVALID_ARGUMENT",
+                )
+        vectors = np.array([[len(t.decode()), 1.0] for t in texts], np.float32)
+        counts = np.array([[min(len(t.split()) + 2, self.max_tokens)] for t in texts], np.int32)
+        return _Result({"EMBEDDING": encode_embeddings(vectors), "NUM_TOKENS": counts})
+
+    def close(self) -> None:
+        pass
+
+
+def install(monkeypatch) -> type[FakeTriton]:
+    """Patch :class:`FakeTriton` in for the gRPC client (a test's ``monkeypatch`` undoes it).
+
+    Returns:
+        The class; its ``requests`` lists what each request sent.
+    """
+    import tritonclient.grpc
+
+    FakeTriton.requests = []
+    monkeypatch.setattr(tritonclient.grpc, "InferenceServerClient", FakeTriton)
+    return FakeTriton

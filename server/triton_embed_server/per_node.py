@@ -158,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    # One node's server gone (a failed start, or the supervisor's exit 70) stops the others:
+    # One node's server gone (a failed start, or the supervisor giving up: exit 75 when its
+    # restart budget is spent, 70 with restarts off) stops the others:
     # an orchestrator then restarts the whole host instead of serving with a node missing.
     while True:
         done = [

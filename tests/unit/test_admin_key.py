@@ -202,6 +202,7 @@ def test_a_refused_call_is_access_denied_not_server_unavailable():
 
 def test_the_supervisor_sends_the_key_on_config_reads_and_reloads(monkeypatch):
     from triton_embed_server import supervisor
+    from triton_embed_server.supervisor import server_api
 
     sent = []
 
@@ -212,7 +213,7 @@ def test_the_supervisor_sends_the_key_on_config_reads_and_reloads(monkeypatch):
         sent.append(req)
         return Response(json.dumps({"name": "embed"}).encode())
 
-    monkeypatch.setattr(supervisor.urllib.request, "urlopen", fake_urlopen)
+    monkeypatch.setattr(server_api.urllib.request, "urlopen", fake_urlopen)
     sup = supervisor.Supervisor(["tritonserver", "--http-port", "1", *tritonserver_args(KEY)])
     assert sup._load("embed")
     assert [(r.get_method(), r.full_url) for r in sent] == [

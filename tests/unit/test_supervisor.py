@@ -15,9 +15,13 @@ from triton_embed_server.supervisor import (
     EXIT_RESTARTS_EXHAUSTED,
     RestartPolicy,
     busy_ports,
+    child_stubs,
     describe_exit,
     exit_status,
+    is_running,
+    leftover_stubs,
     option_value,
+    remove_shm_regions,
     server_arguments,
     server_endpoints,
     stop_processes,
@@ -171,6 +175,39 @@ def test_stop_processes_sigterm_then_sigkill_after_the_grace():
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def test_stubs_are_found_below_their_server_and_by_their_parent_argument(tmp_path):
+    script = tmp_path / "repo" / "embedder" / "1" / "model.py"
+    script.parent.mkdir(parents=True)
+    script.write_text("import time; print('up', flush=True); time.sleep(60)")
+    started_at = time.time()
+    region = "triton_python_backend_shm_region_test"
+    stub = subprocess.Popen(
+        [STUB_CMD[0], str(script), region, "1", "1", str(os.getpid()), "/x"],
+        executable=sys.executable,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert stub.stdout.readline() == "up\n"
+        (proc, model, shm_region) = child_stubs(os.getpid())[stub.pid]
+        assert (proc.pid, model, shm_region) == (stub.pid, "embedder", region)
+        assert is_running(proc)
+        assert leftover_stubs(os.getpid(), started_at)[stub.pid][1] == region
+        assert stub.pid not in leftover_stubs(os.getpid(), time.time() + 60)  # started before
+        assert stub.pid not in leftover_stubs(os.getpid() + 1_000_000, started_at)
+    finally:
+        stub.kill()
+        stub.wait()
+    assert not is_running(proc)
+
+
+def test_remove_shm_regions_removes_what_is_there(tmp_path):
+    (tmp_path / "triton_python_backend_shm_region_a").write_bytes(b"x")
+    regions = ["triton_python_backend_shm_region_a", "triton_python_backend_shm_region_b", None]
+    assert remove_shm_regions(regions, tmp_path) == ["triton_python_backend_shm_region_a"]
+    assert list(tmp_path.iterdir()) == []
 
 
 # A stand-in for tritonserver: answers /v2/health/ready on --http-port, exits 0 on SIGTERM,

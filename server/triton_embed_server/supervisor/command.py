@@ -1,0 +1,95 @@
+"""The supervisor's command line: ``[supervisor options] -- <tritonserver arguments>``.
+
+:func:`main` parses the supervisor's own options, sizes the Python-backend shared memory
+(:func:`triton_embed_server.shm.server_arguments`), and runs a
+:class:`~triton_embed_server.supervisor.core.Supervisor` on the tritonserver command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from triton_embed_server.supervisor.core import Supervisor
+from triton_embed_server.supervisor.policy import EXIT_RESTARTS_EXHAUSTED, RestartPolicy
+from triton_embed_server.supervisor.server_args import server_arguments
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: ``[supervisor options] -- tritonserver-args...``.
+
+    See :mod:`triton_embed_server.supervisor` for what the supervisor does.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own, server_args = (
+        (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else ([], argv)
+    )
+    parser = argparse.ArgumentParser(prog="python -m triton_embed_server.supervisor")
+    parser.add_argument("--poll-s", type=float, default=1.0, help="seconds between checks")
+    parser.add_argument(
+        "--max-reloads", type=int, default=3, help="failed reloads in a row before a restart"
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=RestartPolicy.max_restarts,
+        help=f"server restarts allowed per window; more exits {EXIT_RESTARTS_EXHAUSTED}; "
+        "0: never restart",
+    )
+    parser.add_argument(
+        "--restart-window-s", type=float, default=RestartPolicy.window_s, help="the window"
+    )
+    parser.add_argument(
+        "--restart-backoff-s",
+        type=float,
+        default=RestartPolicy.backoff_s,
+        help="delay before a restart, doubled per restart in the window",
+    )
+    parser.add_argument(
+        "--restart-backoff-max-s",
+        type=float,
+        default=RestartPolicy.backoff_max_s,
+        help="the longest delay before a restart",
+    )
+    parser.add_argument(
+        "--stub-grace-s", type=float, default=5.0, help="seconds from SIGTERM to SIGKILL"
+    )
+    parser.add_argument(
+        "--port-timeout-s",
+        type=float,
+        default=60.0,
+        help="how long a restart waits for the old server's ports",
+    )
+    parser.add_argument(
+        "--ready-timeout-s",
+        type=float,
+        default=600.0,
+        help="a server not ready this long after its start is stopped (and restarted)",
+    )
+    parser.add_argument("--tritonserver", default=str(Path(sys.prefix) / "bin" / "tritonserver"))
+    opts = parser.parse_args(own)
+    from triton_embed_server import shm
+
+    def log(message: str) -> None:
+        print(f"[supervisor] {message}", file=sys.stderr, flush=True)
+
+    try:  # Python-backend shared memory sized from the configs; /dev/shm checked first
+        server_args = shm.server_arguments(server_args, log=log)
+    except shm.SharedMemoryError as exc:
+        log(f"error: {exc}")
+        return shm.EXIT_TOO_SMALL
+    command = [opts.tritonserver, *server_arguments(server_args)]
+    policy = RestartPolicy(
+        opts.max_restarts, opts.restart_window_s, opts.restart_backoff_s, opts.restart_backoff_max_s
+    )
+    supervisor = Supervisor(
+        command,
+        opts.poll_s,
+        opts.max_reloads,
+        policy,
+        opts.stub_grace_s,
+        opts.port_timeout_s,
+        opts.ready_timeout_s,
+    )
+    return supervisor.run()

@@ -1,0 +1,42 @@
+"""What the supervisor reads from, and adds to, tritonserver's command line.
+
+:func:`option_value` reads one option; :func:`server_arguments` adds explicit model control
+(model reloads need it); :func:`server_endpoints` lists the HTTP, gRPC and metrics endpoints
+the server will listen on (a restart waits for their ports).
+"""
+
+from __future__ import annotations
+
+
+def option_value(args: list[str], name: str, default: str) -> str:
+    """The value of ``--name VALUE`` or ``--name=VALUE`` in ``args`` (the last wins)."""
+    value = default
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(name + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def server_arguments(args: list[str]) -> list[str]:
+    """``args`` plus explicit model control (needed for reloads) unless a mode is given."""
+    if any(a == "--model-control-mode" or a.startswith("--model-control-mode=") for a in args):
+        return list(args)
+    return [*args, "--model-control-mode", "explicit", "--load-model", "*"]
+
+
+def server_endpoints(args: list[str]) -> list[tuple[str, str, int]]:
+    """``(name, address, port)`` of each endpoint tritonserver will listen on.
+
+    From ``--allow-{http,grpc,metrics}``, ``--{name}-address`` (default ``0.0.0.0``) and
+    ``--{name}-port`` (default 8000, 8001, 8002) in the server's arguments.
+    """
+    out = []
+    for name, port in (("http", 8000), ("grpc", 8001), ("metrics", 8002)):
+        allowed = option_value(args, f"--allow-{name}", "true").lower()
+        if allowed in ("false", "0", "no", "off"):
+            continue
+        address = option_value(args, f"--{name}-address", "0.0.0.0")
+        out.append((name, address, int(option_value(args, f"--{name}-port", str(port)))))
+    return out

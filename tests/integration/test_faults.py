@@ -20,7 +20,7 @@ from triton_embed.admin import GRPC_ADMIN_HEADER
 from triton_embed_server.launcher import TritonServer
 from tritonclient.utils import InferenceServerException
 
-from tests.helpers import MAX_LENGTH, text_input
+from tests.helpers import MAX_LENGTH, metric_sum, text_input
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -232,10 +232,23 @@ def test_sigterm_drains_in_flight_requests_and_leaves_no_stubs():
         finally:
             client.close()
 
+    def tokenized() -> float:
+        samples = fault_server.metric_samples()
+        # our own counter, sent to Triton's metrics endpoint every REPORT_INTERVAL_S
+        return metric_sum(samples, "triton_embed_requests_succeeded_total", model="tokenizer")
+
     try:
+        before = tokenized()
         with ThreadPoolExecutor(max_workers=6) as pool:
             futures = [pool.submit(one, i) for i in range(6)]
-            time.sleep(0.5)  # requests are in flight
+            # SIGTERM once every request has passed the tokenizer step: all six are then in
+            # the embedder's queue or engine (a request still entering the ensemble when the
+            # server stops accepting work is refused, which is not what this test is about).
+            deadline = time.monotonic() + 120
+            while tokenized() - before < 6 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert tokenized() - before == 6
+            assert not any(f.done() for f in futures), "requests finished before the SIGTERM"
             fault_server.process.send_signal(signal.SIGTERM)
             shapes = [f.result(timeout=180) for f in futures]
         assert shapes == [(64, 1)] * 6

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from triton_embed import cli
+from triton_embed import cli_commands
 from triton_embed.cli import build_parser, main, nearest, summarize
 from triton_embed.client import EmbedResult
 from triton_embed.retry import RetryPolicy
@@ -154,7 +154,7 @@ class FakeClient:
 @pytest.fixture
 def fake_client(monkeypatch):
     FakeClient.made = []
-    monkeypatch.setattr(cli, "EmbeddingClient", FakeClient)
+    monkeypatch.setattr(cli_commands, "EmbeddingClient", FakeClient)
     return FakeClient
 
 

@@ -1,0 +1,337 @@
+"""The bodies of ``triton-embed embed``, ``query`` and ``repository``.
+
+With the helpers they share: where a refused text came from, writing and pre-checking the
+output files, reading the ``--embeddings`` file, the retry policy and admin key from the flags.
+The parser and the entry point are in :mod:`triton_embed.cli`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from triton_embed.admin import grpc_headers, read_admin_key, read_key_file
+from triton_embed.client import EmbeddingClient, _map_error, check_url
+from triton_embed.corpus import read_texts, read_texts_and_lines
+from triton_embed.errors import EmbedClientError, InvalidInputError
+from triton_embed.retry import RetryPolicy
+
+
+def _plural(n: int, word: str) -> str:
+    """``1 text``, ``2 texts``."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+# The server's hints name request parameters; the CLI sets them with its own flags.
+_FLAG_HINTS = (
+    ("set the request parameter allow_empty=true", "pass --allow-empty"),
+    ("set the request parameter truncation=", "pass --truncation "),
+)
+
+
+def _with_cli_flags(message: str) -> str:
+    """``message`` with the request parameters of its hints replaced by the CLI's flags."""
+    for parameter, flag in _FLAG_HINTS:
+        message = message.replace(parameter, flag)
+    return message
+
+
+def _text_error(exc: InvalidInputError, where: Callable[[int], str]) -> EmbedClientError:
+    """A refused text as the CLI reports it: where it came from, what is wrong, which flag.
+
+    Args:
+        exc: the client library's error.
+        where: the text's origin from its index, e.g. ``corpus.jsonl:7`` or ``query 2``.
+    """
+    if exc.index is None or exc.reason is None:  # not about one text
+        return EmbedClientError(_with_cli_flags(str(exc)))
+    return EmbedClientError(f"{where(exc.index)}: the text {_with_cli_flags(exc.reason)}")
+
+
+def _check_writable(flag: str, path: Path) -> None:
+    """Fail now, before any embedding, if ``path`` cannot be written.
+
+    Creates the missing parent folders; a file that did not exist is not left behind.
+
+    Raises:
+        EmbedClientError: names the flag, the path and why.
+    """
+    try:
+        if path.is_dir():
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        existed = path.exists()
+        with open(path, "ab"):  # appending truncates nothing
+            pass
+        if not existed:
+            path.unlink()
+    except OSError as exc:
+        raise EmbedClientError(f"cannot write {flag} {path}: {exc.strerror or exc}") from None
+
+
+def _write(flag: str, path: Path, write: Callable[[Path], None]) -> None:
+    """Run ``write(path)``; an ``OSError`` becomes one line naming the flag and the path."""
+    try:
+        write(path)
+    except OSError as exc:
+        raise EmbedClientError(f"cannot write {flag} {path}: {exc.strerror or exc}") from None
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    """Write ``array`` as .npy under exactly ``path`` (``np.save(name)`` would add ``.npy``)."""
+    with open(path, "wb") as f:
+        np.save(f, array)
+
+
+def _load_embeddings(path: Path) -> np.ndarray:
+    """The ``[n, dim]`` array of a .npy written by ``triton-embed embed``.
+
+    Raises:
+        EmbedClientError: one line naming ``--embeddings``, the file and what it must be.
+    """
+    what = "it must be a .npy file written by 'triton-embed embed' (its -o file)"
+    if not path.exists():
+        npy = path.with_name(path.name + ".npy")
+        guess = f"; did you mean {npy}?" if npy.is_file() else ""
+        raise EmbedClientError(f"--embeddings {path}: no such file{guess}")
+    try:
+        vectors = np.load(path, allow_pickle=False)
+    except (ValueError, EOFError) as exc:  # not .npy: numpy would try it as a pickle
+        raise EmbedClientError(f"--embeddings {path} is not a .npy file; {what}") from exc
+    except OSError as exc:
+        raise EmbedClientError(f"cannot read --embeddings {path}: {exc.strerror or exc}") from exc
+    if isinstance(vectors, np.lib.npyio.NpzFile):
+        vectors.close()
+        raise EmbedClientError(f"--embeddings {path} is a .npz archive, not a .npy file; {what}")
+    if vectors.ndim != 2 or not np.issubdtype(vectors.dtype, np.number):
+        raise EmbedClientError(
+            f"--embeddings {path} does not hold a [n, dim] array of numbers (it holds "
+            f"{vectors.dtype} {list(vectors.shape)}); {what}"
+        )
+    return vectors
+
+
+def _retry_policy(args: argparse.Namespace) -> RetryPolicy:
+    """The client's retry policy from ``--retries`` and ``--retry-max-wait-s``."""
+    initial = min(RetryPolicy().initial_wait_s, args.retry_max_wait_s)
+    return RetryPolicy(args.retries, initial, args.retry_max_wait_s)
+
+
+def _key_from_file(args: argparse.Namespace) -> str | None:
+    """The admin key in ``--admin-key-file``; ``None`` without the flag."""
+    return None if args.admin_key_file is None else read_key_file(args.admin_key_file)
+
+
+def summarize(num_texts: int, num_tokens: int, elapsed_s: float, latencies_s: list[float]) -> dict:
+    """Closing figures of an embedding run.
+
+    Returns:
+        ``texts``, ``tokens``, ``seconds``, ``texts_per_s``, ``tokens_per_s``,
+        ``p50_ms``, ``p99_ms`` (request latency percentiles, numpy's linear interpolation).
+    """
+    lat = np.asarray(latencies_s) * 1000.0 if latencies_s else np.zeros(1)
+    return {
+        "texts": num_texts,
+        "tokens": num_tokens,
+        "seconds": round(elapsed_s, 3),
+        "texts_per_s": round(num_texts / elapsed_s, 1) if elapsed_s else 0.0,
+        "tokens_per_s": round(num_tokens / elapsed_s, 1) if elapsed_s else 0.0,
+        "p50_ms": round(float(np.percentile(lat, 50)), 2),
+        "p99_ms": round(float(np.percentile(lat, 99)), 2),
+    }
+
+
+def run_embed(args: argparse.Namespace) -> dict:
+    """``triton-embed embed``: returns the closing summary."""
+    from tqdm import tqdm
+
+    texts, lines = read_texts_and_lines(args.input, args.format, args.field)
+    if not texts:
+        raise EmbedClientError(f"{args.input} holds no texts")
+    outputs = {"-o": args.output, "--parquet": args.parquet, "--summary-json": args.summary_json}
+    given = {flag: out for flag, out in outputs.items() if out is not None}
+    seen: dict[Path, str] = {}
+    for flag, out in given.items():
+        other = seen.setdefault(out.resolve(), flag)
+        if other != flag:
+            raise EmbedClientError(f"{other} and {flag} name the same file, {out}")
+        _check_writable(flag, out)
+    if args.parquet:
+        import pyarrow  # noqa: F401 - fail before embedding when it is missing
+    with EmbeddingClient(
+        args.url,
+        args.model,
+        timeout_s=args.timeout_s,
+        max_concurrency=args.concurrency,
+        batch_size=args.batch_size,
+        truncation=args.truncation,
+        allow_empty=args.allow_empty,
+        admin_key=_key_from_file(args),  # None: the client reads the environment
+        retry=_retry_policy(args),
+    ) as client:
+        # None: tqdm hides the bar when stderr is not a terminal (logs get no \r updates)
+        bar = tqdm(
+            total=len(texts),
+            unit="text",
+            disable=True if args.no_progress else None,
+            file=sys.stderr,
+        )
+
+        def progress(n_texts: int, n_tokens: int) -> None:
+            bar.update(n_texts)
+
+        t0 = time.perf_counter()
+        try:
+            result = client.embed_with_details(texts, on_batch_done=progress)
+        except InvalidInputError as exc:
+            raise _text_error(exc, lambda i: f"{args.input}:{lines[i]}") from None
+        finally:
+            bar.close()
+        elapsed = time.perf_counter() - t0
+    _write("-o", args.output, lambda path: _save_npy(path, result.embeddings))
+    if args.parquet:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        dim = result.embeddings.shape[1]
+        table = pa.table(
+            {
+                "text": texts,
+                "num_tokens": result.num_tokens,
+                "embedding": pa.FixedSizeListArray.from_arrays(
+                    pa.array(result.embeddings.reshape(-1), type=pa.float32()), dim
+                ),
+            }
+        )
+        _write("--parquet", args.parquet, lambda path: pq.write_table(table, path))
+    summary = summarize(len(texts), int(result.num_tokens.sum()), elapsed, result.latencies_s)
+    summary["dim"] = int(result.embeddings.shape[1])
+    summary["retries"] = result.retries
+    retried = (
+        f"; {_plural(result.retries, 'request')} sent again after the server refused "
+        f"{'it' if result.retries == 1 else 'them'} (overloaded)"
+        if result.retries
+        else ""
+    )
+    if args.summary_json:
+        text = json.dumps(summary, indent=2)
+        _write("--summary-json", args.summary_json, lambda path: path.write_text(text))
+    print(
+        f"embedded {_plural(summary['texts'], 'text')} ({_plural(summary['tokens'], 'token')}, "
+        f"dim {summary['dim']}) "
+        f"in {summary['seconds']:.2f} s: {summary['texts_per_s']:.1f} texts/s, "
+        f"{summary['tokens_per_s']:.0f} tokens/s; request latency p50 {summary['p50_ms']:.1f} ms, "
+        f"p99 {summary['p99_ms']:.1f} ms{retried} -> {args.output}"
+    )
+    return summary
+
+
+def nearest(
+    corpus_vectors: np.ndarray, query_vectors: np.ndarray, k: int
+) -> list[list[tuple[int, float]]]:
+    """Top-``k`` corpus rows by cosine similarity for each query.
+
+    Args:
+        corpus_vectors: float ``[n, dim]``.
+        query_vectors: float ``[q, dim]``.
+        k: results per query (capped at ``n``).
+
+    Raises:
+        ValueError: ``k`` < 1.
+
+    Returns:
+        Per query, ``(row, cosine)`` pairs, best first.
+    """
+
+    def unit(m: np.ndarray) -> np.ndarray:
+        norms = np.linalg.norm(m, axis=1, keepdims=True)
+        return m / np.where(norms == 0, 1, norms)
+
+    scores = unit(query_vectors.astype(np.float32)) @ unit(corpus_vectors.astype(np.float32)).T
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    k = min(k, corpus_vectors.shape[0])
+    out = []
+    for row in scores:
+        top = np.argsort(-row, kind="stable")[:k]
+        out.append([(int(i), float(row[i])) for i in top])
+    return out
+
+
+def run_query(args: argparse.Namespace) -> list[dict]:
+    """``triton-embed query``: prints and returns the hits."""
+    if args.top_k < 1:
+        raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
+    vectors = _load_embeddings(args.embeddings)
+    texts = read_texts(args.corpus, args.format, args.field)
+    if len(texts) != len(vectors):
+        raise EmbedClientError(
+            f"{args.corpus} has {len(texts)} texts but {args.embeddings} has {len(vectors)} "
+            "embeddings; pass the file that was embedded"
+        )
+    with EmbeddingClient(
+        args.url,
+        args.model,
+        timeout_s=args.timeout_s,
+        truncation=args.truncation,
+        allow_empty=args.allow_empty,
+        admin_key=_key_from_file(args),  # None: the client reads the environment
+        retry=_retry_policy(args),
+    ) as client:
+        try:
+            qv = client.embed(args.queries)
+        except InvalidInputError as exc:
+            raise _text_error(exc, lambda i: f"query {i + 1}") from None
+    results = []
+    for query, hits in zip(args.queries, nearest(vectors, qv, args.top_k), strict=True):
+        results.append(
+            {
+                "query": query,
+                "hits": [
+                    {"rank": r + 1, "index": i, "cosine": round(s, 4), "text": texts[i]}
+                    for r, (i, s) in enumerate(hits)
+                ],
+            }
+        )
+    if args.json:
+        print(json.dumps(results, ensure_ascii=False, indent=2))
+    else:
+        for res in results:
+            print(f"query: {res['query']}")
+            for hit in res["hits"]:
+                one_line = " ".join(hit["text"].split())
+                short = one_line if len(one_line) <= 110 else one_line[:107] + "..."
+                print(f"  {hit['rank']}. [{hit['cosine']:.3f}] #{hit['index']}: {short}")
+    return results
+
+
+def run_repository(args: argparse.Namespace) -> None:
+    """``triton-embed repository load|unload NAME``: one repository call over gRPC.
+
+    Raises:
+        AccessDeniedError: the server refused it (no admin key, or a wrong one).
+        EmbedClientError: any other failure (unknown model, load error, unreachable server).
+    """
+    import tritonclient.grpc as grpcclient
+
+    check_url(args.url)
+    headers = grpc_headers(_key_from_file(args) or read_admin_key()) or None
+    client = grpcclient.InferenceServerClient(args.url)
+    try:
+        if args.action == "load":
+            client.load_model(args.name, headers=headers, client_timeout=args.timeout_s)
+        else:
+            client.unload_model(args.name, headers=headers, client_timeout=args.timeout_s)
+    except Exception as exc:  # tritonclient / grpc errors
+        raise _map_error(exc, args.url) from None
+    finally:
+        client.close()
+    print(f"{args.action}ed {args.name!r} at {args.url}")

@@ -71,24 +71,21 @@ the ``instance_group`` total (:func:`~triton_embed_server.instance_group.instanc
 
 from __future__ import annotations
 
-import argparse
 import math
-import os
-import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from triton_embed_server.instance_group import instance_count, read_config_pbtxt
+from triton_embed_server.shm.options import (
+    BACKEND,
+    DEFAULT_KEY,
+    GROWTH_KEY,
+    python_backend_settings,
+)
 
 MIB = 1 << 20
-SHM_DIR = Path("/dev/shm")
-BACKEND = "python"
-DEFAULT_KEY = "shm-default-byte-size"
-GROWTH_KEY = "shm-growth-byte-size"
-PREFIX_KEY = "shm-region-prefix-name"
-DEFAULT_REGION_PREFIX = "triton_python_backend_shm_region_"
 BACKEND_DEFAULT_BYTES = 1 * MIB  # python_be.cc: default and minimum shm-default-byte-size
 LENGTH_PREFIX = 4  # bytes before each element of a BYTES tensor
 UTF8_MAX = 4  # bytes per character, at most (RFC 3629)
@@ -96,11 +93,6 @@ INT32 = 4
 FLOAT32 = 4
 REQUEST_OVERHEAD = 4 * 1024  # request + response objects of one request, at most
 FRAGMENTATION = 1.25  # allocator headers and fragmentation
-EXIT_TOO_SMALL = 78  # sysexits.h EX_CONFIG: the host is configured wrong
-
-
-class SharedMemoryError(RuntimeError):
-    """``/dev/shm`` cannot hold what the stubs need (the message says how to fix it)."""
 
 
 def round_up(n: float, unit: int = MIB) -> int:
@@ -240,20 +232,6 @@ class ShmPlan:
         )
 
 
-def python_backend_settings(args: Sequence[str]) -> dict[str, str]:
-    """The ``python`` backend's ``--backend-config`` settings in tritonserver arguments.
-
-    Both ``--backend-config=python,k=v`` and ``--backend-config python,k=v``; the last wins.
-    """
-    settings = {}
-    for value in option_values(args, "--backend-config"):
-        backend, _, setting = value.partition(",")
-        key, sep, item = setting.partition("=")
-        if backend == BACKEND and sep:
-            settings[key] = item
-    return settings
-
-
 def model_config_path(folder: Path, config_name: str | None) -> Path:
     """The config Triton loads for a model: ``configs/<name>.pbtxt`` if present, else default."""
     if config_name:
@@ -359,225 +337,3 @@ def plan_repository(
         if step is not None:
             steps.append(step)
     return ShmPlan((repository,), tuple(steps))
-
-
-@dataclass(frozen=True)
-class ShmSpace:
-    """``/dev/shm`` now: its size, what is free, and the stub regions already in it."""
-
-    path: Path
-    total: int
-    free: int
-    regions: int
-    region_bytes: int
-
-
-def shm_space(path: Path = SHM_DIR, region_prefix: str = DEFAULT_REGION_PREFIX) -> ShmSpace:
-    """``statvfs`` of ``path`` and the Python-backend regions in it (bytes written)."""
-    st = os.statvfs(path)
-    regions, used = 0, 0
-    try:
-        entries = list(os.scandir(path))
-    except OSError:
-        entries = []
-    for entry in entries:
-        if entry.name.startswith(region_prefix):
-            try:
-                used += entry.stat().st_blocks * 512
-            except OSError:
-                continue
-            regions += 1
-    return ShmSpace(path, st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize, regions, used)
-
-
-def too_small_message(needed: int, space: ShmSpace, what: str) -> str:
-    """The one message of a failed check: needed, free, and how to give more."""
-    used = space.total - space.free
-    size = round_up(used + needed)
-    size_m = size // MIB
-    stale = (
-        f" {space.regions} Python-backend region(s) already there hold "
-        f"{mib(space.region_bytes)}; remove those of servers that no longer run."
-        if space.regions
-        else ""
-    )
-    return (
-        f"{space.path} has {mib(space.free)} free of {mib(space.total)}; {what} need "
-        f"{mib(needed)} ({needed} bytes).{stale} Give the server at least {size_m} MiB of "
-        f"shared memory: docker run --shm-size={size_m}m, or in Kubernetes an emptyDir with "
-        f"medium: Memory and sizeLimit: {size_m}Mi mounted at {space.path}; or lower "
-        "max_batch_size, max_chars or the instance_group count in the model configs."
-    )
-
-
-def require_space(
-    needed: int,
-    what: str,
-    path: Path = SHM_DIR,
-    region_prefix: str = DEFAULT_REGION_PREFIX,
-) -> ShmSpace:
-    """Check that ``path`` has ``needed`` bytes free.
-
-    Args:
-        needed: bytes the stubs need.
-        what: who needs them, for the message ("the Python-backend stubs of ...").
-        path: the shared-memory folder.
-        region_prefix: the name prefix of the backend's regions.
-
-    Returns:
-        The space found.
-
-    Raises:
-        SharedMemoryError: not enough is free (:func:`too_small_message`).
-    """
-    space = shm_space(path, region_prefix)
-    if space.free < needed:
-        raise SharedMemoryError(too_small_message(needed, space, what))
-    return space
-
-
-def given_default_byte_size(args: Sequence[str]) -> int | None:
-    """The ``shm-default-byte-size`` tritonserver arguments set (None: not set, or not a number).
-
-    A value that is not a number is left to tritonserver, which rejects it.
-    """
-    value = python_backend_settings(args).get(DEFAULT_KEY)
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None
-
-
-def option_values(args: Sequence[str], name: str) -> list[str]:
-    """Every value of ``--name VALUE`` and ``--name=VALUE`` in ``args``, in order."""
-    values = []
-    for i, arg in enumerate(args):
-        if arg == name and i + 1 < len(args):
-            values.append(args[i + 1])
-        elif arg.startswith(name + "="):
-            values.append(arg.split("=", 1)[1])
-    return values
-
-
-def plan_arguments(args: Sequence[str], gpus: int | None = None) -> ShmPlan:
-    """The plan of the repositories and config name given in tritonserver arguments.
-
-    Every ``--model-repository`` (tritonserver serves them all; ``--model-store`` is its old
-    name); the last ``--model-config-name``.
-
-    Raises:
-        OSError: a repository or a config cannot be read.
-        ValueError: no repository is given, or a config or a parameter is invalid.
-    """
-    repositories = [
-        Path(v)
-        for name in ("--model-repository", "--model-store")
-        for v in option_values(args, name)
-    ]
-    if not repositories:
-        raise ValueError("no --model-repository in the tritonserver arguments")
-    config_name = (option_values(args, "--model-config-name") or [""])[-1] or None
-    plans = [plan_repository(r, config_name, gpus) for r in repositories]
-    return ShmPlan(tuple(repositories), tuple(step for plan in plans for step in plan.steps))
-
-
-def server_arguments(
-    args: Sequence[str],
-    gpus: int | None = None,
-    path: Path = SHM_DIR,
-    log: Callable[[str], None] | None = None,
-) -> list[str]:
-    """``args`` plus the shared-memory settings they lack, after checking ``/dev/shm``.
-
-    The one function every start path calls (launcher, supervisor, ``scripts/serve.sh``).
-    Settings the caller gives (``--backend-config=python,shm-default-byte-size=...``) are
-    kept. When the configs cannot be read, ``args`` come back unchanged and tritonserver
-    reports the error itself.
-
-    Args:
-        args: tritonserver arguments (``--model-repository`` and ``--model-config-name``
-            are read from them).
-        gpus: GPUs the server sees; None asks the CUDA driver if a config needs it.
-        path: the shared-memory folder.
-        log: where the plan and any note go (one line each); None is silent.
-
-    Raises:
-        SharedMemoryError: ``path`` has less free space than the stubs need.
-    """
-    args = list(args)
-    try:
-        plan = plan_arguments(args, gpus)
-    except (OSError, ValueError) as exc:
-        if log:
-            log(f"shared memory not sized: {exc}")
-        return args
-    prefix = python_backend_settings(args).get(PREFIX_KEY) or DEFAULT_REGION_PREFIX
-    default = given_default_byte_size(args)
-    if log:
-        for line in plan.describe(default).splitlines():
-            log(f"shared memory: {line}")
-    where = ", ".join(str(r) for r in plan.repositories)
-    require_space(plan.needed_bytes(default), f"the Python-backend stubs of {where}", path, prefix)
-    return [*args, *plan.backend_config_args(args)]
-
-
-def main(argv: Iterable[str] | None = None) -> int:
-    """``check`` or ``args``; see the module docstring.
-
-    ``args [--gpus N] -- <tritonserver arguments>`` (or ``args <tritonserver arguments>``)
-    prints the arguments to add, one a line; ``check --model-repository DIR`` prints the
-    sizes. Both exit 1 with the message when ``/dev/shm`` is too small.
-    """
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "--" in argv:
-        own, server_args = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
-    elif argv[:1] == ["args"]:
-        own, server_args = argv[:1], argv[1:]
-    else:
-        own, server_args = argv, []
-    parser = argparse.ArgumentParser(
-        prog="python -m triton_embed_server.shm",
-        description="Size the Python-backend shared memory and check /dev/shm.",
-        allow_abbrev=False,
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    check = sub.add_parser("check", help="print the sizes; exit 1 if /dev/shm is too small")
-    check.add_argument("--model-repository", type=Path, default=Path("model_repository"))
-    check.add_argument("--model-config-name", default=None)
-    check.add_argument("--servers", type=int, default=1, help="servers sharing this /dev/shm")
-    args = sub.add_parser("args", help="print the tritonserver arguments to add, one a line")
-    for p in (check, args):
-        p.add_argument("--gpus", type=int, default=None, help="GPUs each server sees")
-    opts = parser.parse_args(own)
-    if opts.command == "args":
-        try:
-            full = server_arguments(server_args, opts.gpus)
-        except SharedMemoryError as exc:
-            print(f"shm: error: {exc}", file=sys.stderr)
-            return 1
-        added = full[len(server_args) :]
-        if added:
-            print("\n".join(added))
-        return 0
-    if server_args:
-        parser.error(f"check takes no tritonserver arguments: {' '.join(server_args)}")
-    try:
-        plan = plan_repository(opts.model_repository, opts.model_config_name, opts.gpus)
-    except (OSError, ValueError) as exc:
-        print(f"shm: error: {exc}", file=sys.stderr)
-        return 1
-    print(plan.describe())
-    servers = max(1, opts.servers)
-    needed = plan.needed_bytes() * servers
-    what = f"{servers} servers' Python-backend stubs" if servers > 1 else "the stubs"
-    try:
-        space = require_space(needed, what)
-    except SharedMemoryError as exc:
-        print(f"shm: error: {exc}", file=sys.stderr)
-        return 1
-    print(f"ok: {space.path} has {mib(space.free)} free, {mib(needed)} needed")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -25,6 +25,7 @@ A field that is not there, or is there more than once where one is expected, rai
 
 from __future__ import annotations
 
+import compileall
 import re
 import shutil
 from collections.abc import Iterable, Mapping
@@ -62,7 +63,7 @@ def copy_repository(
     ignore = shutil.ignore_patterns("__pycache__")
     if models is None:
         shutil.copytree(source, dest, ignore=ignore)
-        return dest
+        return precompile(dest)
     names = list(models)
     missing = [m for m in names if not (source / m / "config.pbtxt").is_file()]
     if missing:
@@ -70,7 +71,22 @@ def copy_repository(
     dest.mkdir(parents=True)
     for name in names:
         shutil.copytree(source / name, dest / name, ignore=ignore)
-    return dest
+    return precompile(dest)
+
+
+def precompile(repository: Path) -> Path:
+    """Write the ``__pycache__`` of every ``model.py`` in ``repository`` now, before a server.
+
+    The Python-backend stub's embedded interpreter writes ``<model>/1/__pycache__`` when it
+    first imports ``model.py`` (it ignores ``PYTHONDONTWRITEBYTECODE``); Triton 2.51 then sees
+    the model's folder as modified, and the next load of the ensemble reloads its steps too.
+    With the bytecode already there and up to date, the stub writes nothing.
+
+    Returns:
+        ``repository``.
+    """
+    compileall.compile_dir(str(repository), quiet=1)
+    return repository
 
 
 def edit_config(

@@ -34,11 +34,6 @@ STUB_ENV = {
     "TRANSFORMERS_OFFLINE": "1",
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
-    # A stub importing model.py must not write __pycache__ into <model>/1/: Triton 2.51 then
-    # sees the model's files as changed, reloads the steps with the ensemble, and a reload
-    # of that kind crashed tritonserver inside libtriton_python (tests/integration/
-    # test_restricted_apis.py reloads embed on a fresh repository copy).
-    "PYTHONDONTWRITEBYTECODE": "1",
 }
 
 
@@ -93,7 +88,14 @@ def _write_exec(path: Path, data: str | bytes) -> None:
 
 
 def install() -> None:
-    """Copy the backend stub and write the ``tritonserver``/``perf_analyzer`` wrappers."""
+    """Copy the backend stub, write the wrappers, precompile the shipped model repository.
+
+    The precompiled ``__pycache__`` keeps the stubs from writing into the model folders at
+    the first load (:func:`triton_embed_server.repository.precompile`).
+    """
+    from triton_embed_server.repository import MODEL_REPOSITORY, precompile
+
+    precompile(MODEL_REPOSITORY)
     tdir = triton_dir()
     ver = f"{sys.version_info.major}.{sys.version_info.minor}"
     stub = tdir / "python_backend_stubs" / ver / "triton_python_backend_stub"

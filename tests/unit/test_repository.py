@@ -45,20 +45,32 @@ def test_copy_repository_copies_the_shipped_repository_file_for_file(tmp_path):
     assert sorted(p.name for p in repo.iterdir()) == ["embed", "embedder", "tokenizer"]
 
 
-def test_copy_repository_leaves_pycache_behind(tmp_path):
+def test_copy_repository_leaves_stale_pycache_behind_and_precompiles(tmp_path):
+    import importlib.util
+    import sys
+
     source = tmp_path / "source"
     (source / "m" / "1" / "__pycache__").mkdir(parents=True)
     (source / "m" / "1" / "__pycache__" / "model.cpython-312.pyc").write_bytes(b"\0")
     (source / "m" / "1" / "model.py").write_text("x = 1\n")
     (source / "m" / "config.pbtxt").write_text('name: "m"\n')
+    fresh = importlib.util.cache_from_source("model.py").split("/")[-1]
     for k, models in enumerate((None, ["m"])):
         repo = copy_repository(tmp_path / str(k), source, models=models)
         assert sorted(str(p.relative_to(repo)) for p in repo.rglob("*")) == [
             "m",
             "m/1",
+            "m/1/__pycache__",
+            f"m/1/__pycache__/{fresh}",
             "m/1/model.py",
             "m/config.pbtxt",
         ]
+        # an import of the copy finds its bytecode up to date and writes nothing
+        before = (repo / "m" / "1").stat().st_mtime_ns
+        spec = importlib.util.spec_from_file_location(f"m{k}", repo / "m" / "1" / "model.py")
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        assert (repo / "m" / "1").stat().st_mtime_ns == before
+        assert sys.implementation.cache_tag in fresh
 
 
 def test_copy_repository_of_chosen_models_and_its_errors(tmp_path):

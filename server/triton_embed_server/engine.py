@@ -1,10 +1,13 @@
 """Where the engine is called: one in-process vLLM pooling engine per ``embedder`` instance.
 
 The engine is fed token IDs only (``TokensPrompt``), never raw strings; tokenization is the
-tokenizer step's job. Pooling and normalization are the model's own sentence-transformers
-configuration (``modules.json``, ``1_Pooling/config.json``), which vLLM reads. The inputs are
-checked before they get here (:mod:`triton_embed_server.token_ids`), and the instance is
-placed before vLLM is imported (:mod:`triton_embed_server.placement`).
+tokenizer step's job. The pooling is the model's (:mod:`triton_embed_server.model_spec`),
+given to vLLM explicitly (``PoolerConfig.seq_pooling_type``) so that a folder without
+sentence-transformers files pools as its ``repository add`` said; vLLM returns the pooled
+vectors *un-normalized* (``PoolingParams(use_activation=False)``) and
+:mod:`triton_embed_server.vectors` normalizes, averages windows and cuts dimensions. The
+inputs are checked before they get here (:mod:`triton_embed_server.token_ids`), and the
+instance is placed before vLLM is imported (:mod:`triton_embed_server.placement`).
 """
 
 from __future__ import annotations
@@ -15,51 +18,81 @@ import numpy as np
 
 from triton_embed_server.config import EmbedderConfig
 from triton_embed_server.errors import EngineError
+from triton_embed_server.vectors import pool_tokens
 
 
 class PoolingEngine:
     """A vLLM ``LLM`` with the pooling runner, embedding batches of token-ID sequences."""
 
     def __init__(self, config: EmbedderConfig):
-        from vllm import LLM
+        from vllm import LLM, PoolingParams
+        from vllm.config import PoolerConfig
 
         self.config = config
-        self._llm = LLM(**config.llm_kwargs())
+        self.spec = config.model_spec()
+        kwargs = config.llm_kwargs()
+        kwargs.setdefault("pooler_config", PoolerConfig(seq_pooling_type=self.spec.pooling.vllm))
+        self._llm = LLM(**kwargs)
+        self._raw = PoolingParams(use_activation=False)
         model_config = self._llm.llm_engine.model_config
         self.vocab_size = int(model_config.get_vocab_size())
         self.dim = int(model_config.get_hidden_size())
 
-    def embed(self, token_ids: Sequence[Sequence[int]]) -> np.ndarray:
-        """Embed pre-tokenized texts in one engine call.
+    def embed(
+        self, token_ids: Sequence[Sequence[int]], skips: Sequence[int] | None = None
+    ) -> np.ndarray:
+        """Pool pre-tokenized sequences in one engine call (two when some skip tokens).
 
         Args:
-            token_ids: ``n`` sequences of token IDs, already validated.
+            token_ids: ``n`` sequences of token IDs (windows), already validated.
+            skips: per sequence, leading tokens pooling leaves out (``include_prompt``
+                false); ``None`` or zeros pool whole sequences in vLLM's pooler. Sequences
+                with a skip are run for their per-token vectors (``token_embed``) and
+                pooled by :func:`triton_embed_server.vectors.pool_tokens`.
 
         Returns:
-            float32 ``[n, dim]``, pooled and normalized as the model's
-            sentence-transformers config says (mean pooling, L2 norm for all-MiniLM-L6-v2).
+            float32 ``[n, dim]``, pooled as the model pools, not normalized.
 
         Raises:
             EngineError: the engine failed or returned a wrong number of vectors.
         """
+        out = np.zeros((len(token_ids), self.dim), dtype=np.float32)
         if not token_ids:
-            return np.zeros((0, self.dim), dtype=np.float32)
+            return out
         from vllm.inputs import TokensPrompt
 
-        return self._encode([TokensPrompt(prompt_token_ids=list(ids)) for ids in token_ids])
+        skips = list(skips) if skips is not None else [0] * len(token_ids)
+        whole = [i for i, s in enumerate(skips) if s == 0]
+        masked = [i for i, s in enumerate(skips) if s > 0]
+        if whole:
+            prompts = [TokensPrompt(prompt_token_ids=list(token_ids[i])) for i in whole]
+            out[whole] = self._stack(self._encode(prompts, "embed"))
+        if masked:
+            prompts = [TokensPrompt(prompt_token_ids=list(token_ids[i])) for i in masked]
+            per_token = self._encode(prompts, "token_embed")
+            for i, data in zip(masked, per_token, strict=True):
+                tokens = data.to("cpu").float().numpy()
+                out[i] = pool_tokens(tokens, self.spec.pooling, skips[i])
+        return out
 
-    def _encode(self, prompts: list) -> np.ndarray:
-        """One ``LLM.encode`` call over vLLM prompts, stacked into float32 ``[n, dim]``."""
+    def _encode(self, prompts: list, task: str) -> list:
+        """One ``LLM.encode`` call; the per-prompt output tensors, un-normalized."""
         try:
             # encode(pooling_task="embed") is what LLM.embed calls; it keeps each vector as a
             # tensor instead of converting it to a Python list.
-            outputs = self._llm.encode(prompts, use_tqdm=False, pooling_task="embed")
+            outputs = self._llm.encode(
+                prompts, pooling_params=self._raw, use_tqdm=False, pooling_task=task
+            )
         except Exception as exc:  # the engine's own failure, reported per request
             raise EngineError(f"the embedding engine failed: {type(exc).__name__}: {exc}") from exc
         if len(outputs) != len(prompts):
             raise EngineError(
                 f"the engine returned {len(outputs)} vectors for {len(prompts)} texts"
             )
+        return [o.outputs.data for o in outputs]
+
+    @staticmethod
+    def _stack(tensors: list) -> np.ndarray:
         import torch
 
-        return torch.stack([o.outputs.data for o in outputs]).to(torch.float32).numpy()
+        return torch.stack(tensors).to(torch.float32).numpy()

@@ -47,30 +47,67 @@ def validate_token_ids(
 
 
 def decode_request_token_ids(
-    payloads: Sequence[bytes], vocab_size: int, max_length: int
-) -> list[list[int]]:
-    """Decode and validate one request's ``TOKEN_IDS`` elements (little-endian int32).
+    payloads: Sequence[bytes],
+    vocab_size: int,
+    max_length: int,
+    window_payloads: Sequence[bytes] | None = None,
+) -> tuple[list[list[int]], list[list[tuple[int, int, int]]]]:
+    """Decode and validate one request's ``TOKEN_IDS`` (and ``WINDOWS``) elements.
 
     Args:
-        payloads: one ``TOKEN_IDS`` element per text.
+        payloads: one ``TOKEN_IDS`` element per text (little-endian int32).
         vocab_size: see :func:`validate_token_ids`.
-        max_length: see :func:`validate_token_ids`.
+        max_length: the most token IDs of one window (see :func:`validate_token_ids`).
+        window_payloads: one ``WINDOWS`` element per text (int32 triples ``(tokens, skip,
+            weight)``, :func:`triton_embed.codec.decode_windows`), or ``None``: each text
+            is one window, pooled whole.
 
     Returns:
-        Per text, its token IDs.
+        Per text, its token IDs, and its windows.
 
     Raises:
-        InvalidTokenIdsError: a payload is not whole int32 values, or fails
-            :func:`validate_token_ids`.
+        InvalidTokenIdsError: a payload is not whole int32 values, fails
+            :func:`validate_token_ids`, or its windows do not tile its IDs (names the text).
     """
-    from triton_embed.codec import decode_token_ids
+    from triton_embed.codec import decode_token_ids, decode_windows
 
-    out = []
+    if window_payloads is not None and len(window_payloads) != len(payloads):
+        raise InvalidTokenIdsError(
+            f"WINDOWS has {len(window_payloads)} elements for {len(payloads)} TOKEN_IDS "
+            "elements; send one per text, or leave WINDOWS out"
+        )
+    out, out_windows = [], []
     for i, payload in enumerate(payloads):
         try:
             ids = decode_token_ids(payload)
+            windows = (
+                [(len(ids), 0, len(ids))]
+                if window_payloads is None
+                else decode_windows(window_payloads[i])
+            )
         except ValueError as exc:
             raise InvalidTokenIdsError(f"text {i}: {exc}") from None
-        validate_token_ids(ids, i, vocab_size, max_length)
+        if not ids:
+            validate_token_ids(ids, i, vocab_size, max_length)  # raises: no token IDs
+        _check_windows(windows, len(ids), i)
+        start = 0
+        for n, _, _ in windows:
+            validate_token_ids(ids[start : start + n], i, vocab_size, max_length)
+            start += n
         out.append(ids)
-    return out
+        out_windows.append(windows)
+    return out, out_windows
+
+
+def _check_windows(windows: list[tuple[int, int, int]], total: int, index: int) -> None:
+    if sum(n for n, _, _ in windows) != total:
+        raise InvalidTokenIdsError(
+            f"text {index}: its windows cover {sum(n for n, _, _ in windows)} tokens, but it "
+            f"has {total} token IDs; the window lengths must add up to its IDs"
+        )
+    for n, skip, weight in windows:
+        if n < 1 or not 0 <= skip < n or weight < 0:
+            raise InvalidTokenIdsError(
+                f"text {index}: window ({n}, {skip}, {weight}) is not (tokens >= 1, "
+                "0 <= skip < tokens, weight >= 0)"
+            )

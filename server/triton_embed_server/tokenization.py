@@ -1,13 +1,23 @@
 """The tokenizer step: bytes -> validated text -> token IDs within the token budget.
 
-Where truncation is decided. Plain Python (no Triton imports) so that unit tests and the
-benchmarks run it directly; ``model_repository/tokenizer/1/model.py`` only adapts tensors.
+Where truncation and prompts are decided. Plain Python (no Triton imports) so that unit
+tests and the benchmarks run it directly; :mod:`triton_embed_server.adapters.tokenizer` only
+adapts tensors.
+
+Prompts: a request's ``input_type`` (else the model's ``default_prompt_name``) picks a prompt
+of the model's ``config_sentence_transformers.json``; it is put in front of the text and the
+two are tokenized as one string, as sentence-transformers does, so the IDs are the ones it
+feeds the model (the tokenizer's own post-processor adds the special tokens: ``[CLS]``/
+``[SEP]`` for BERT, the end-of-text token a last-token-pooled decoder pools on).
 
 Truncation follows Hugging Face's rule for a single sequence: the text's own tokens are cut
-to ``max_length - num_special_tokens`` and the special tokens (``[CLS]``/``[SEP]`` for BERT)
-are kept, so a truncated text has exactly ``max_length`` tokens, the same IDs as
-``tokenizer(text, truncation=True, max_length=max_length)`` (``END``) or with
-``truncation_side="left"`` (``START``).
+to ``max_length - num_special_tokens`` and the special tokens are kept, so a truncated text
+has exactly ``max_length`` tokens, the same IDs as ``tokenizer(prompt + text,
+truncation=True, max_length=max_length)`` (``END``). ``START`` keeps the end of the text;
+the prompt's tokens stay in front (with no prompt: ``truncation_side="left"``). ``CHUNK``
+cuts the text into consecutive windows, each with the prompt and the special tokens, that
+each fit the budget; the embedder step embeds them all and returns their token-weighted
+mean (:mod:`triton_embed_server.vectors`).
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from triton_embed_server.errors import (
     InvalidUtf8Error,
     TooLongError,
 )
+from triton_embed_server.model_spec import read_prompt_spec
 
 # Applied only to texts longer than max_chars (see TextTokenizer._prepare).
 _LONG_WHITESPACE = re.compile(r"\s{64,}")
@@ -72,23 +83,33 @@ class TextRequest:
     options: RequestOptions = field(default_factory=RequestOptions)
 
 
+#: One window of a text as the embedder pools it: ``(tokens, skip, weight)``: its length in
+#: token IDs, how many of its leading tokens pooling leaves out (the prompt, when the model's
+#: ``include_prompt`` is false), and its weight in the text's mean (its text tokens).
+Window = tuple[int, int, int]
+
+
 @dataclass(frozen=True)
 class Tokenized:
     """Token IDs of one request's texts.
 
     Attributes:
-        token_ids: per text, the IDs fed to the model (special tokens included), each
-            list at most ``max_length`` long.
+        token_ids: per text, the IDs fed to the model (special tokens and prompt included):
+            one window of at most ``max_length`` IDs, or with ``truncation=CHUNK`` several
+            windows one after the other.
+        windows: per text, its windows (:data:`Window`), in order; their lengths sum to
+            ``len(token_ids[i])``.
         num_input_tokens: per text, tokens of the text as sent (after the character cap),
-            special tokens included.
+            special tokens and prompt included.
     """
 
     token_ids: list[list[int]]
+    windows: list[list[Window]]
     num_input_tokens: list[int]
 
     @property
     def num_tokens(self) -> list[int]:
-        """Per text, the tokens kept (``len(token_ids[i])``)."""
+        """Per text, the tokens the model reads (``len(token_ids[i])``)."""
         return [len(ids) for ids in self.token_ids]
 
 
@@ -130,6 +151,8 @@ class TextTokenizer:
         self.vocab_size = self._backend.get_vocab_size(with_added_tokens=True)
         self.prefix, self.suffix = _special_tokens_around(self._backend)
         self.body_budget = config.max_length - len(self.prefix) - len(self.suffix)
+        self.prompting = read_prompt_spec(config.model_path)
+        self._pool_skip: dict[str, int] = {}
         if self.body_budget < 1:
             raise ValueError(
                 f"max_length={config.max_length} leaves no room for text next to "
@@ -141,14 +164,16 @@ class TextTokenizer:
     ) -> list[Tokenized | EmbedServingError]:
         """Tokenize all requests of one ``execute`` call in one batched tokenizer call.
 
-        A bad text fails its own request (the KServe v2 norm: the whole request, since the
-        response has one status); the other requests are still tokenized.
+        Each text is tokenized with its request's prompt in front (``input_type``, else the
+        model's default prompt), as sentence-transformers does: ``prompt + text`` as one
+        string. A bad text fails its own request (the KServe v2 norm: the whole request,
+        since the response has one status); the other requests are still tokenized.
 
         Returns:
             Per request, in order, a :class:`Tokenized` or the error for that request.
         """
         results: list[Tokenized | EmbedServingError | None] = [None] * len(requests)
-        valid: list[tuple[int, Truncation]] = []
+        valid: list[tuple[int, Truncation, str]] = []
         prepared: list[list[str]] = []
         for r, req in enumerate(requests):
             opts = req.options
@@ -156,24 +181,47 @@ class TextTokenizer:
             allow_empty = self.config.allow_empty if opts.allow_empty is None else opts.allow_empty
             replace = (opts.invalid_utf8 or DEFAULT_INVALID_UTF8) is InvalidUtf8.REPLACE
             try:
+                prompt = self._prompt(opts.input_type)
                 prepared.append(
                     [
-                        self._prepare(p, i, truncation, allow_empty, replace)
+                        prompt + self._prepare(p, i, truncation, allow_empty, replace)
                         for i, p in enumerate(req.texts)
                     ]
                 )
             except EmbedServingError as exc:
                 results[r] = exc
                 continue
-            valid.append((r, truncation))
+            valid.append((r, truncation, prompt))
         flat, counts = flatten(prepared)
-        bodies = [e.ids for e in self._backend.encode_batch(flat, add_special_tokens=False)]
-        for (r, truncation), request_bodies in zip(valid, split(bodies, counts), strict=True):
+        encodings = self._backend.encode_batch(flat, add_special_tokens=False)
+        for (r, truncation, prompt), request_encodings in zip(
+            valid, split(encodings, counts), strict=True
+        ):
             try:
-                results[r] = self._finish(request_bodies, truncation)
+                results[r] = self._finish(request_encodings, truncation, prompt)
             except EmbedServingError as exc:
                 results[r] = exc
         return results  # type: ignore[return-value]
+
+    def _prompt(self, input_type: str | None) -> str:
+        try:
+            return self.prompting.prompt(input_type)
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from None
+
+    def pool_skip(self, prompt: str) -> int:
+        """Leading tokens that pooling leaves out for inputs with ``prompt`` in front.
+
+        Zero unless the model's ``include_prompt`` is false. Then it is what
+        sentence-transformers computes (``Transformer._get_prompt_length``): the length of
+        the prompt tokenized alone with special tokens, less a trailing special token.
+        """
+        if self.prompting.include_prompt or not prompt:
+            return 0
+        if prompt not in self._pool_skip:
+            enc = self._backend.encode(prompt, add_special_tokens=True)
+            self._pool_skip[prompt] = len(enc.ids) - (1 if enc.special_tokens_mask[-1] else 0)
+        return self._pool_skip[prompt]
 
     def _prepare(
         self, payload: bytes, index: int, truncation: Truncation, allow_empty: bool, replace: bool
@@ -184,41 +232,98 @@ class TextTokenizer:
                 f"text {index} is empty; send at least one character, or set the request "
                 "parameter allow_empty=true to embed it"
             )
-        cap = self.config.max_chars
+        chunked = truncation is Truncation.CHUNK
+        cap = self.config.max_chars * (self.config.max_chunks if chunked else 1)
         if len(text) > cap:
             # Long whitespace runs carry no tokens for WordPiece/BPE pre-tokenizers; collapse
             # them so that a text padded with whitespace keeps its words under the cap.
             text = _LONG_WHITESPACE.sub(" ", text)
         if len(text) > cap:
+            if chunked:
+                raise TooLongError(
+                    f"text {index} has {len(text)} characters, over the {cap}-character cap of "
+                    f"truncation=CHUNK ({self.config.max_chunks} windows of "
+                    f"{self.config.max_length} tokens); split it, or set truncation=END or START"
+                )
             if truncation is Truncation.NONE:
                 raise TooLongError(
                     f"text {index} has {len(text)} characters, over the {cap}-character cap "
                     f"applied before tokenization (the model accepts {self.config.max_length} "
-                    "tokens); shorten it or set the request parameter truncation=END or START"
+                    "tokens); shorten it or set the request parameter truncation=END, START "
+                    "or CHUNK"
                 )
             text = text[:cap] if truncation is Truncation.END else text[-cap:]
         return text
 
-    def _finish(self, bodies: list[list[int]], truncation: Truncation) -> Tokenized:
+    def _finish(self, encodings: list, truncation: Truncation, prompt: str) -> Tokenized:
         special = len(self.prefix) + len(self.suffix)
+        skip = self.pool_skip(prompt)
         ids: list[list[int]] = []
+        windows: list[list[Window]] = []
         counts: list[int] = []
-        for i, body in enumerate(bodies):
+        for i, enc in enumerate(encodings):
+            body = enc.ids
             counts.append(len(body) + special)
-            if len(body) > self.body_budget:
-                if truncation is Truncation.NONE:
-                    raise TooLongError(
-                        f"text {i} has {len(body) + special} tokens; the model accepts "
-                        f"{self.config.max_length}; shorten it or set the request parameter "
-                        "truncation=END or START"
-                    )
-                body = (
-                    body[: self.body_budget]
-                    if truncation is Truncation.END
-                    else body[-self.body_budget :]
-                )
-            ids.append(self.prefix + list(body) + self.suffix)
-        return Tokenized(ids, counts)
+            head = _prompt_token_count(enc, len(prompt)) if prompt else 0
+            pieces = self._windows(i, body, head, truncation)
+            text_ids: list[int] = []
+            text_windows: list[Window] = []
+            for piece in pieces:
+                text_ids += self.prefix
+                text_ids += piece
+                text_ids += self.suffix
+                text_windows.append((len(piece) + special, skip, len(piece) - head))
+            ids.append(text_ids)
+            windows.append(text_windows)
+        return Tokenized(ids, windows, counts)
+
+    def _windows(
+        self, index: int, body: list[int], head: int, truncation: Truncation
+    ) -> list[list[int]]:
+        """The body tokens of each window of one text (without special tokens).
+
+        ``head`` leading tokens are the prompt's: ``START`` and ``CHUNK`` keep them in front
+        of every window and cut only the text.
+        """
+        budget = self.body_budget
+        if len(body) <= budget:
+            return [body]
+        n = len(body) + len(self.prefix) + len(self.suffix)
+        if truncation is Truncation.NONE:
+            raise TooLongError(
+                f"text {index} has {n} tokens; the model accepts {self.config.max_length}; "
+                "shorten it or set the request parameter truncation=END, START or CHUNK"
+            )
+        if truncation is Truncation.END:
+            return [body[:budget]]
+        room = budget - head
+        if room < 1:
+            raise TooLongError(
+                f"text {index}: its prompt takes {head} of the {budget} tokens left next to "
+                f"the special tokens, leaving no room for text with truncation={truncation.value}; "
+                "use a shorter prompt or truncation=END"
+            )
+        prompt, text = body[:head], body[head:]
+        if truncation is Truncation.START:
+            return [prompt + text[-room:]]
+        count = -(-len(text) // room)
+        if count > self.config.max_chunks:
+            raise TooLongError(
+                f"text {index} has {n} tokens: {count} windows of {self.config.max_length} "
+                f"tokens with truncation=CHUNK, over the limit of {self.config.max_chunks} "
+                "(the tokenizer's max_chunks); split it, or set truncation=END or START"
+            )
+        return [prompt + text[k : k + room] for k in range(0, len(text), room)]
+
+
+def _prompt_token_count(encoding, prompt_chars: int) -> int:
+    """Leading tokens of ``prompt + text`` that start inside the prompt's characters."""
+    count = 0
+    for start, _ in encoding.offsets:
+        if start >= prompt_chars:
+            break
+        count += 1
+    return count
 
 
 def _plain_backend(backend):

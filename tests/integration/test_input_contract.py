@@ -65,11 +65,13 @@ def test_truncation_start_keeps_the_end(grpc_client, hf_tokenizer, reference_mod
 
 def test_truncation_none_rejects_with_index_count_limit_and_options(grpc_client):
     result = call(grpc_client, ["short", LONG], truncation="NONE")
-    assert_invalid(result, "text 1 has 602 tokens", "accepts 256", "truncation=END or START")
+    assert_invalid(result, "text 1 has 602 tokens", "accepts 256", "truncation=END, START or CHUNK")
 
 
 def test_unknown_truncation_value_is_rejected(grpc_client):
-    assert_invalid(call(grpc_client, ["x"], truncation="MIDDLE"), "MIDDLE", "NONE, END, START")
+    assert_invalid(
+        call(grpc_client, ["x"], truncation="MIDDLE"), "MIDDLE", "NONE, END, START, CHUNK"
+    )
 
 
 def test_misspelt_request_parameter_is_rejected(grpc_client):

@@ -123,7 +123,7 @@ def test_whitespace_runs_do_not_push_words_past_the_character_cap(tokenizer):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"truncation": "middle"}, "truncation='middle' is not one of NONE, END, START"),
+        ({"truncation": "middle"}, "truncation='middle' is not one of NONE, END, START, CHUNK"),
         ({"invalid_utf8": "ignore"}, "invalid_utf8='ignore' is not one of error, replace"),
         ({"allow_empty": "maybe"}, "allow_empty='maybe' must be true or false"),
     ],

@@ -46,7 +46,7 @@ def test_truncation_parse(raw, expected):
 def test_truncation_parse_error_lists_allowed():
     with pytest.raises(ValueError) as info:
         Truncation.parse("middle", "parameter truncation")
-    assert str(info.value) == "parameter truncation='middle' is not one of NONE, END, START"
+    assert str(info.value) == "parameter truncation='middle' is not one of NONE, END, START, CHUNK"
 
 
 # --- TokenizerConfig ---------------------------------------------------------------------

@@ -54,11 +54,13 @@ def pack(ids):
 
 def test_decode_request_token_ids():
     payloads = [pack([101, 7592, 102]), pack([101, 0, 102])]
-    assert decode_request_token_ids(payloads, VOCAB, 256) == [[101, 7592, 102], [101, 0, 102]]
+    ids, windows = decode_request_token_ids(payloads, VOCAB, 256)
+    assert ids == [[101, 7592, 102], [101, 0, 102]]
+    assert windows == [[(3, 0, 3)], [(3, 0, 3)]]
 
 
 def test_decode_request_empty_request():
-    assert decode_request_token_ids([], VOCAB, 256) == []
+    assert decode_request_token_ids([], VOCAB, 256) == ([], [])
 
 
 def test_decode_request_bad_length_names_text():

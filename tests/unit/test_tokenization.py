@@ -262,7 +262,7 @@ def test_only_bad_requests(tok):
 
 def test_request_with_no_texts(tok):
     results = tok.tokenize_requests([TextRequest([]), TextRequest([b"hi"])])
-    assert results[0] == Tokenized([], [])
+    assert results[0] == Tokenized([], [], [])
     assert results[1].token_ids == [[CLS, 7632, SEP]]
 
 
@@ -345,18 +345,20 @@ def test_no_request_options_means_server_defaults(tok):
         (
             {"truncaton": "NONE", "lenght": 3},
             "request parameters 'lenght', 'truncaton' are not options of this service; "
-            "the options are truncation, allow_empty, invalid_utf8; "
+            "the options are truncation, allow_empty, invalid_utf8, input_type, dimensions, "
+            "embedding_type; "
             "remove them or fix their spelling",
         ),
         (
             {"truncaton": "NONE"},
             "request parameter 'truncaton' is not an option of this service; "
-            "the options are truncation, allow_empty, invalid_utf8; "
+            "the options are truncation, allow_empty, invalid_utf8, input_type, dimensions, "
+            "embedding_type; "
             "remove it or fix its spelling",
         ),
         (
             {"truncation": "MIDDLE"},
-            "request parameter truncation='MIDDLE' is not one of NONE, END, START",
+            "request parameter truncation='MIDDLE' is not one of NONE, END, START, CHUNK",
         ),
         ({"allow_empty": "maybe"}, "request parameter allow_empty='maybe' must be true or false"),
         ({"allow_empty": 2}, "request parameter allow_empty=2 must be true or false"),

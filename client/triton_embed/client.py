@@ -3,6 +3,7 @@
 >>> from triton_embed import EmbeddingClient
 >>> client = EmbeddingClient("127.0.0.1:8001")
 >>> vectors = client.embed(["first text", "second text"])  # float32 [2, 384]
+>>> query = client.embed(["what is it?"], model="qwen", input_type="query", dimensions=256)
 
 Large inputs are split into batches of at most the server's ``max_batch_size`` texts, sent
 concurrently, and reassembled in input order. ``tritonclient`` exceptions never leak: they
@@ -24,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -40,7 +41,13 @@ from triton_embed.errors import (
     ServerOverloadedError,
     ServerUnavailableError,
 )
-from triton_embed.options import InvalidUtf8, RequestOptions, Truncation
+from triton_embed.options import (
+    DEFAULT_EMBEDDING_TYPE,
+    EmbeddingType,
+    InvalidUtf8,
+    RequestOptions,
+    Truncation,
+)
 from triton_embed.retry import RetryPolicy
 
 DEFAULT_URL = "127.0.0.1:8001"
@@ -59,8 +66,10 @@ class EmbedResult:
     """Embeddings of a list of texts, in input order.
 
     Attributes:
-        embeddings: float32 ``[n, dim]``, as the server returns them (L2-normalized for
-            sentence-transformers models with a Normalize module, such as all-MiniLM-L6-v2).
+        embeddings: ``[n, dim]``, as the server returns them (L2-normalized for
+            sentence-transformers models with a Normalize module, such as all-MiniLM-L6-v2):
+            float32, float16 for ``embedding_type="float16"``, or for ``"ubinary"`` uint8
+            ``[n, ceil(dim / 8)]`` packed sign bits (``np.unpackbits(..., axis=-1)``).
         num_tokens: int32 ``[n]``, tokens the model read per text (special tokens included,
             after truncation).
         latencies_s: wall-clock seconds of each batch, from its first send to its answer
@@ -73,6 +82,15 @@ class EmbedResult:
     num_tokens: np.ndarray
     latencies_s: list[float]
     retries: int = 0
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What every request of one ``embed`` call shares: model, parameters, output type."""
+
+    model: str
+    parameters: dict
+    embedding_type: EmbeddingType | None
 
 
 def check_url(url: str) -> str:
@@ -168,6 +186,11 @@ class EmbeddingClient:
             ``None`` keeps the server default (``false`` unless configured otherwise).
         invalid_utf8: ``error`` or ``replace`` (U+FFFD) for ``bytes`` texts that are not
             valid UTF-8; ``None`` keeps the server default (``error``).
+        input_type: the prompt put in front of each text: ``query``, ``document`` or a prompt
+            name of the model; ``None`` keeps the model's default prompt.
+        dimensions: cut each vector to its first ``dimensions`` values, L2-normalized again
+            (one of the model's Matryoshka dimensions); ``None``: the full vector.
+        embedding_type: ``float32`` (default), ``float16`` or ``ubinary`` (packed sign bits).
         admin_key: the server's admin key, sent only to read the model config; ``None`` reads
             it as :func:`triton_embed.admin.read_admin_key` does (``TRITON_EMBED_ADMIN_KEY``,
             the file ``TRITON_EMBED_ADMIN_KEY_FILE``, the default key file), if any.
@@ -201,6 +224,9 @@ class EmbeddingClient:
         allow_empty: bool | None = None,
         invalid_utf8: InvalidUtf8 | str | None = None,
         admin_key: str | None = None,
+        input_type: str | None = None,
+        dimensions: int | None = None,
+        embedding_type: EmbeddingType | str | None = None,
         retry: RetryPolicy | int | None = RetryPolicy(),  # noqa: B008 - frozen, never mutated
     ):
         import tritonclient.grpc as grpcclient
@@ -208,7 +234,9 @@ class EmbeddingClient:
         max_concurrency = _check_arguments(timeout_s, max_concurrency, batch_size)
         check_url(url)
         try:
-            self.options = RequestOptions(truncation, allow_empty, invalid_utf8)
+            self.options = RequestOptions(
+                truncation, allow_empty, invalid_utf8, input_type, dimensions, embedding_type
+            )
         except ValueError as exc:
             raise InvalidInputError(str(exc)) from None
         self.parameters = self.options.to_parameters()
@@ -232,20 +260,28 @@ class EmbeddingClient:
         self.max_concurrency = max_concurrency
         self._client = grpcclient.InferenceServerClient(url)
         self.batch_size = batch_size  # as asked; capped at max_batch_size below
-        self.max_batch_size = self._server_max_batch_size()
-        self.batch_size = min(batch_size or self.max_batch_size, self.max_batch_size)
+        self._batch_sizes: dict[str, int] = {}
+        self.max_batch_size = self._server_max_batch_size(model)
+        self.batch_size = self._batch_size(model)
 
-    def _server_max_batch_size(self) -> int:
+    def _batch_size(self, model: str) -> int:
+        """Texts per request to ``model``: ``batch_size`` capped at its ``max_batch_size``."""
+        if model not in self._batch_sizes:
+            most = self._server_max_batch_size(model)
+            self._batch_sizes[model] = min(self.batch_size or most, most)
+        return self._batch_sizes[model]
+
+    def _server_max_batch_size(self, model: str) -> int:
         """The model's ``max_batch_size`` (a restricted API: sent with the admin key).
 
         A refused read (no key, or a wrong one such as a stale key file) falls back to the
         ``batch_size`` asked for, if any: inference itself needs no key.
         """
         try:
-            if not self._client.is_model_ready(self.model):
-                raise ServerUnavailableError(f"model {self.model!r} is not ready at {self.url}")
+            if not self._client.is_model_ready(model):
+                raise ServerUnavailableError(f"model {model!r} is not ready at {self.url}")
             config = self._client.get_model_config(
-                self.model, as_json=True, headers=grpc_headers(self._admin_key) or None
+                model, as_json=True, headers=grpc_headers(self._admin_key) or None
             )["config"]
         except EmbedClientError:
             raise
@@ -255,7 +291,7 @@ class EmbeddingClient:
                 if self.batch_size is not None:
                     return self.batch_size
                 raise AccessDeniedError(
-                    f"{error} (reading the max_batch_size of {self.model!r}: set "
+                    f"{error} (reading the max_batch_size of {model!r}: set "
                     "TRITON_EMBED_ADMIN_KEY or TRITON_EMBED_ADMIN_KEY_FILE, pass admin_key=, "
                     "or pass batch_size=)"
                 ) from None
@@ -272,14 +308,29 @@ class EmbeddingClient:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def embed(self, texts: Sequence[str | bytes]) -> np.ndarray:
+    def embed(
+        self,
+        texts: Sequence[str | bytes],
+        *,
+        model: str | None = None,
+        input_type: str | None = None,
+        dimensions: int | None = None,
+        embedding_type: EmbeddingType | str | None = None,
+        truncation: Truncation | str | None = None,
+    ) -> np.ndarray:
         """Embed texts.
 
         Args:
             texts: ``n`` texts (``str``, or ``bytes`` sent as is).
+            model: the ensemble to use (default: the client's ``model``).
+            input_type: this call's prompt name (default: the client's).
+            dimensions: this call's Matryoshka dimensions (default: the client's).
+            embedding_type: this call's output type (default: the client's).
+            truncation: this call's truncation (default: the client's).
 
         Returns:
-            float32 ``[n, dim]`` in input order.
+            ``[n, dim]`` in input order: float32 (float16 for ``embedding_type="float16"``;
+            uint8 ``[n, ceil(dim / 8)]`` packed sign bits for ``"ubinary"``).
 
         Raises:
             InvalidInputError: a text was refused (by the server, or by the client before
@@ -287,12 +338,21 @@ class EmbeddingClient:
                 ``texts``, which the message names.
             ServerUnavailableError, EmbedTimeoutError: transport failures.
         """
-        return self.embed_with_details(texts).embeddings
+        options = {
+            "input_type": input_type,
+            "dimensions": dimensions,
+            "embedding_type": embedding_type,
+            "truncation": truncation,
+        }
+        return self.embed_with_details(texts, model=model, **options).embeddings
 
     def embed_with_details(
         self,
         texts: Sequence[str | bytes],
         on_batch_done: Callable[[int, int], None] | None = None,
+        *,
+        model: str | None = None,
+        **options,
     ) -> EmbedResult:
         """Embed texts and also return token counts and per-request latencies.
 
@@ -300,6 +360,9 @@ class EmbeddingClient:
             texts: ``n`` texts.
             on_batch_done: called with ``(texts_in_batch, tokens_in_batch)`` after each
                 request completes (progress bars).
+            model: the ensemble to use (default: the client's ``model``).
+            **options: this call's request options (:class:`~triton_embed.options.
+                RequestOptions` fields; ``None`` values keep the client's).
 
         Returns:
             :class:`EmbedResult`.
@@ -315,10 +378,17 @@ class EmbeddingClient:
             raise InvalidInputError(
                 "texts must be a sequence of texts, not a single str/bytes; wrap it in a list"
             )
+        try:
+            opts = replace(self.options, **{k: v for k, v in options.items() if v is not None})
+        except (TypeError, ValueError) as exc:
+            raise InvalidInputError(str(exc)) from None
+        model = model or self.model
         payloads = [_as_bytes(t, i) for i, t in enumerate(texts)]
         if not payloads:
             return EmbedResult(np.zeros((0, 0), np.float32), np.zeros(0, np.int32), [])
-        starts = list(range(0, len(payloads), self.batch_size))
+        batch_size = self._batch_size(model)
+        request = _Request(model, opts.to_parameters(), opts.embedding_type)
+        starts = list(range(0, len(payloads), batch_size))
         retries = [0]
         lock = threading.Lock()
 
@@ -327,9 +397,11 @@ class EmbeddingClient:
                 retries[0] += 1
 
         def run(start: int) -> tuple[np.ndarray, np.ndarray, float]:
-            batch = payloads[start : start + self.batch_size]
+            batch = payloads[start : start + batch_size]
             t0 = time.perf_counter()
-            vectors, counts = self.retry.call(self._infer, batch, start, on_retry=count_retry)
+            vectors, counts = self.retry.call(
+                self._infer, batch, start, request, on_retry=count_retry
+            )
             elapsed = time.perf_counter() - t0
             if on_batch_done is not None:
                 on_batch_done(len(batch), int(counts.sum()))
@@ -344,7 +416,11 @@ class EmbeddingClient:
             retries=retries[0],
         )
 
-    def _infer(self, batch: list[bytes], offset: int) -> tuple[np.ndarray, np.ndarray]:
+    def _infer(
+        self, batch: list[bytes], offset: int, request: _Request | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        if request is None:
+            request = _Request(self.model, self.parameters, self.options.embedding_type)
         grpc = self._grpc
         arr = np.empty((len(batch), 1), dtype=object)
         arr[:, 0] = batch
@@ -353,15 +429,18 @@ class EmbeddingClient:
         outputs = [grpc.InferRequestedOutput("EMBEDDING"), grpc.InferRequestedOutput("NUM_TOKENS")]
         try:
             result = self._client.infer(
-                self.model,
+                request.model,
                 [inp],
                 outputs=outputs,
                 client_timeout=self.timeout_s,
-                parameters=self.parameters or None,
+                parameters=request.parameters or None,
             )
         except Exception as exc:
             raise _map_error(exc, self.url, offset, len(batch)) from None
-        vectors = decode_embeddings(result.as_numpy("EMBEDDING").reshape(-1))
+        vectors = decode_embeddings(
+            result.as_numpy("EMBEDDING").reshape(-1),
+            embedding_type=request.embedding_type or DEFAULT_EMBEDDING_TYPE,
+        )
         counts = result.as_numpy("NUM_TOKENS").reshape(-1).astype(np.int32)
         if len(vectors) != len(batch) or len(counts) != len(batch):
             raise EmbedClientError(

@@ -15,6 +15,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from triton_embed import codec
 from triton_embed.options import DEFAULT_EMBEDDING_TYPE
+
 from triton_embed_server.batching import split
 from triton_embed_server.config import EmbedderConfig
 from triton_embed_server.doctor import host_plan

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from triton_embed import codec
+
 from triton_embed_server.config import TokenizerConfig
 from triton_embed_server.errors import EmbedServingError, to_triton_error
 from triton_embed_server.metrics import StepMetrics

@@ -116,16 +116,21 @@ class Supervisor:
             self._seen.setdefault(pid, (proc, region))
         return out
 
-    def expected_stubs(self) -> dict[str, int]:
+    def expected_stubs(self, ready: set[str] | None = None) -> dict[str, int]:
         """Stub processes each loaded Python-backend model should have.
 
         From the live configs (:func:`~triton_embed_server.instance_group.instance_count`);
         at least what runs now (a ``KIND_GPU`` group without a GPU list runs ``count``
         copies on every GPU).
+
+        Args:
+            ready: only these models (the server's READY ones); ``None``: every model that
+                has stubs.
         """
         running: dict[str, int] = {}
         for model in self.stubs().values():
-            running[model] = running.get(model, 0) + 1
+            if ready is None or model in ready:
+                running[model] = running.get(model, 0) + 1
         expected = dict(running)
         for model in running:
             try:
@@ -208,6 +213,7 @@ class Supervisor:
         started = time.monotonic()
         ready = False
         expected: dict[str, int] = {}
+        watched: set[str] = set()
         failures = 0
         while True:
             try:  # readiness is checked more often than the stubs, for prompt numbers
@@ -238,13 +244,25 @@ class Supervisor:
                     else:
                         self.log(f"tritonserver ready after {now - started:.1f} s")
                     expected = self.expected_stubs()
+                    watched = self._ready_models() or set(expected)
                     self.log(f"watching stub processes per model: {json.dumps(expected)}")
                 continue
+            # Models loaded or unloaded through the repository API since the last poll: a
+            # new READY model is watched from now on; an unloaded one is not reloaded.
+            now_ready = self._ready_models()
+            if now_ready is not None and now_ready != watched:
+                watched = now_ready
+                expected = self.expected_stubs(watched)
+                self.log(
+                    f"models changed; watching stub processes per model: {json.dumps(expected)}"
+                )
             alive: dict[str, int] = {}
             for model in current.values():
                 alive[model] = alive.get(model, 0) + 1
             for model, want in sorted(expected.items()):
                 if alive.get(model, 0) >= want or self._stop.is_set():
+                    continue
+                if model not in (self._ready_models() or {model}):  # unloaded meanwhile
                     continue
                 self.log(
                     f"model {model!r} has {alive.get(model, 0)} of {want} stub processes "
@@ -263,6 +281,13 @@ class Supervisor:
                         self.log(f"{failures} reloads failed; stopping the server")
                         code = self._stop_server()
                         return code, f"was stopped after {failures} failed reloads", True
+
+    def _ready_models(self) -> set[str] | None:
+        """The server's READY models, or ``None`` when it cannot tell (keep what we had)."""
+        try:
+            return self.api.ready_models()
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
     def _stop_server(self, timeout_s: float = 90.0) -> int:
         """SIGTERM the server, SIGKILL it after ``timeout_s``; return its return code.

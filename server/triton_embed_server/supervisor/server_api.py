@@ -68,3 +68,20 @@ class ServerApi:
         )
         with urllib.request.urlopen(req, timeout=600) as r:
             return r.status == 200
+
+    def ready_models(self) -> set[str]:
+        """Names of the models the server has READY (``POST /v2/repository/index``).
+
+        Raises:
+            OSError: the server could not be reached or refused.
+            ValueError: the answer is not JSON.
+        """
+        req = urllib.request.Request(
+            f"{self.url}/v2/repository/index",
+            data=json.dumps({"ready": True}).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json", **self._repository_headers},
+        )
+        with urllib.request.urlopen(req, timeout=10) as r:
+            index = json.loads(r.read())
+        return {str(m["name"]) for m in index if m.get("state", "READY") == "READY"}

@@ -5,7 +5,11 @@ tokenizer step's job. The pooling is the model's (:mod:`triton_embed_server.mode
 given to vLLM explicitly (``PoolerConfig.seq_pooling_type``) so that a folder without
 sentence-transformers files pools as its ``repository add`` said; vLLM returns the pooled
 vectors *un-normalized* (``PoolingParams(use_activation=False)``) and
-:mod:`triton_embed_server.vectors` normalizes, averages windows and cuts dimensions. The
+:mod:`triton_embed_server.vectors` normalizes, averages windows and cuts dimensions. A model
+whose pooling leaves the prompt out (``include_prompt: false``) is built for per-token
+output instead (``PoolerConfig(task="token_embed")``: one vLLM engine serves one pooling
+task) and pooled here, with the prompt's tokens masked as sentence-transformers masks them.
+The
 inputs are checked before they get here (:mod:`triton_embed_server.token_ids`), and the
 instance is placed before vLLM is imported (:mod:`triton_embed_server.placement`).
 """
@@ -31,7 +35,13 @@ class PoolingEngine:
         self.config = config
         self.spec = config.model_spec()
         kwargs = config.llm_kwargs()
-        kwargs.setdefault("pooler_config", PoolerConfig(seq_pooling_type=self.spec.pooling.vllm))
+        self.per_token = not self.spec.prompting.include_prompt
+        pooler = (
+            PoolerConfig(task="token_embed")
+            if self.per_token
+            else PoolerConfig(seq_pooling_type=self.spec.pooling.vllm)
+        )
+        kwargs.setdefault("pooler_config", pooler)
         self._llm = LLM(**kwargs)
         self._raw = PoolingParams(use_activation=False)
         model_config = self._llm.llm_engine.model_config
@@ -45,10 +55,9 @@ class PoolingEngine:
 
         Args:
             token_ids: ``n`` sequences of token IDs (windows), already validated.
-            skips: per sequence, leading tokens pooling leaves out (``include_prompt``
-                false); ``None`` or zeros pool whole sequences in vLLM's pooler. Sequences
-                with a skip are run for their per-token vectors (``token_embed``) and
-                pooled by :func:`triton_embed_server.vectors.pool_tokens`.
+            skips: per sequence, leading tokens pooling leaves out (the prompt, for a model
+                whose ``include_prompt`` is false: :attr:`per_token` engines only; other
+                engines pool whole sequences in vLLM's pooler and ignore it).
 
         Returns:
             float32 ``[n, dim]``, pooled as the model pools, not normalized.
@@ -61,18 +70,13 @@ class PoolingEngine:
             return out
         from vllm.inputs import TokensPrompt
 
+        prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in token_ids]
+        if not self.per_token:
+            return self._stack(self._encode(prompts, "embed"))
         skips = list(skips) if skips is not None else [0] * len(token_ids)
-        whole = [i for i, s in enumerate(skips) if s == 0]
-        masked = [i for i, s in enumerate(skips) if s > 0]
-        if whole:
-            prompts = [TokensPrompt(prompt_token_ids=list(token_ids[i])) for i in whole]
-            out[whole] = self._stack(self._encode(prompts, "embed"))
-        if masked:
-            prompts = [TokensPrompt(prompt_token_ids=list(token_ids[i])) for i in masked]
-            per_token = self._encode(prompts, "token_embed")
-            for i, data in zip(masked, per_token, strict=True):
-                tokens = data.to("cpu").float().numpy()
-                out[i] = pool_tokens(tokens, self.spec.pooling, skips[i])
+        for i, data in enumerate(self._encode(prompts, "token_embed")):
+            tokens = data.to("cpu").float().numpy()
+            out[i] = pool_tokens(tokens, self.spec.pooling, min(skips[i], len(tokens) - 1))
         return out
 
     def _encode(self, prompts: list, task: str) -> list:

@@ -4,7 +4,10 @@ Subcommands:
     embed   embed a text file (one text per line) or JSONL into .npy (and optionally Parquet)
     query   the nearest texts of an embedded corpus to one or more queries
     doctor  the host's GPU/CPU/NUMA topology and a placement plan for embedder instances
-    repository load|unload NAME
+    repository add|list|remove
+            write, list or delete the Triton models of an embedding model in a model
+            repository folder (the ensemble NAME and its steps NAME_tokenizer, NAME_embedder)
+    repository load|unload
             load or unload a model through the server's repository API (needs the admin key)
 
 The admin key (docs/operations.md, "Restricted APIs") is read from TRITON_EMBED_ADMIN_KEY,
@@ -37,6 +40,7 @@ __all__ = [
     "non_negative_int",
     "positive_float",
     "positive_int",
+    "repository_flag_error",
     "run_embed",
     "run_query",
     "run_repository",
@@ -132,6 +136,136 @@ def _add_connection_args(p: argparse.ArgumentParser) -> None:
     _add_retry_args(p)
 
 
+REPOSITORY_USAGE = """\
+actions and their flags:
+  add     --repository DIR --model PATH --name NAME [--instances N] [--device cpu|gpu]
+          [--max-length N] [--pooling mean|cls|lasttoken] [--normalize | --no-normalize]
+          [--dimensions any|LIST] [--max-chunks N] [--replace]
+          write the ensemble NAME and its steps NAME_tokenizer and NAME_embedder (the
+          ensemble embed keeps the steps tokenizer and embedder) from the model folder PATH
+  list    --repository DIR [--json]
+          the embedding models of the repository and what their folders say
+  remove  --repository DIR --name NAME [--url HOST:PORT]
+          delete the ensemble NAME and its two steps; with --url, unload it first
+  load    --name NAME [--url HOST:PORT]    (or: load NAME)
+  unload  --name NAME [--url HOST:PORT]    (or: unload NAME)
+          load (and wait until ready) or unload a model of the running server
+"""
+
+# The flags of each `repository` action: (required, optional), as argparse dests. The
+# flags share one parser (they are all listed by `triton-embed repository --help`); a flag
+# that the action does not take is an error, not ignored.
+_CONNECTION = {"url", "admin_key_file", "timeout_s"}
+REPOSITORY_FLAGS = {
+    "add": (
+        {"repository", "model", "name"},
+        {"instances", "device", "max_length", "pooling", "normalize", "dimensions"}
+        | {"max_chunks", "replace"},
+    ),
+    "list": ({"repository"}, {"json"}),
+    "remove": ({"repository", "name"}, _CONNECTION),
+    "load": ({"name"}, _CONNECTION),
+    "unload": ({"name"}, _CONNECTION),
+}
+
+
+def repository_flag_error(args: argparse.Namespace) -> str | None:
+    """Why the flags of a ``repository`` command do not fit its action, or ``None``.
+
+    Also merges the positional ``NAME`` into ``args.name``.
+    """
+    action = args.action
+    if args.model_name is not None:
+        if args.name is not None and args.name != args.model_name:
+            return f"repository {action}: NAME {args.model_name!r} and --name {args.name!r} differ"
+        args.name = args.model_name
+    required, optional = REPOSITORY_FLAGS[action]
+    for dest in sorted(required):
+        if getattr(args, dest) is None:
+            return f"repository {action} needs --{dest.replace('_', '-')}"
+    every = {dest for req, opt in REPOSITORY_FLAGS.values() for dest in req | opt}
+    extra = sorted(d for d in every - required - optional if getattr(args, d) is not None)
+    if extra:
+        takes = [a for a, (req, opt) in REPOSITORY_FLAGS.items() if extra[0] in req | opt]
+        flag = "--" + extra[0].replace("_", "-")
+        return f"repository {action} takes no {flag} (a flag of: {', '.join(takes)})"
+    return None
+
+
+def _add_repository_args(r: argparse.ArgumentParser) -> None:
+    r.add_argument("action", choices=tuple(REPOSITORY_FLAGS), help="what to do")
+    r.add_argument(
+        "model_name", nargs="?", metavar="NAME", help="the model's name (the same as --name)"
+    )
+    r.add_argument("--repository", type=Path, help="the model repository folder")
+    r.add_argument("--name", help="the model's (ensemble's) name in the model repository")
+    r.add_argument(
+        "--model",
+        help="add: the model folder: a local path (written absolute) or pkg://<package>/<subdir>",
+    )
+    r.add_argument(
+        "--instances",
+        type=positive_int,
+        help="add: embedder instances (per GPU with --device gpu; default 2 on cpu, 4 on gpu)",
+    )
+    r.add_argument(
+        "--device",
+        choices=("cpu", "gpu"),
+        help="add: cpu (config.pbtxt for CPUs and configs/gpu.pbtxt) or gpu (default cpu)",
+    )
+    r.add_argument(
+        "--max-length",
+        type=non_negative_int,
+        help="add: token budget per text; 0 = the model's own limit (default 0)",
+    )
+    r.add_argument(
+        "--pooling",
+        type=str.lower,
+        choices=("mean", "cls", "lasttoken"),
+        help="add: pooling (default: what the folder's modules.json states)",
+    )
+    r.add_argument(
+        "--normalize",
+        action=argparse.BooleanOptionalAction,
+        help="add: L2-normalize the vectors or not (default: what the folder states)",
+    )
+    r.add_argument(
+        "--dimensions",
+        help="add: the dimensions a request may ask for: any, or a list such as 64,128 "
+        "(default: the Matryoshka dimensions of the folder's config.json)",
+    )
+    r.add_argument(
+        "--max-chunks",
+        type=positive_int,
+        help="add: the most windows one text is cut into with truncation=CHUNK (default 16)",
+    )
+    r.add_argument(
+        "--replace",
+        action="store_true",
+        default=None,
+        help="add: overwrite a model of this name written by repository add",
+    )
+    r.add_argument(
+        "--json", action="store_true", default=None, help="list: print JSON, not a table"
+    )
+    r.add_argument(
+        "--url",
+        help="the server's gRPC port as host:port, without http:// (load, unload: default "
+        f"{DEFAULT_URL}; remove: unload the model there first)",
+    )
+    r.add_argument(
+        "--admin-key-file",
+        type=Path,
+        help="file holding the server's admin key (default: TRITON_EMBED_ADMIN_KEY, the file "
+        "TRITON_EMBED_ADMIN_KEY_FILE, the server's default key file)",
+    )
+    r.add_argument(
+        "--timeout-s",
+        type=positive_float,
+        help="deadline of a load (until ready) or unload, seconds (default 600)",
+    )
+
+
 def _add_corpus_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--format",
@@ -222,23 +356,27 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--plan-out", type=Path, default=None, help="also write the plan as JSON")
 
     r = sub.add_parser(
-        "repository", help="load or unload a model on the server (sends the admin key)"
+        "repository",
+        help="add, list or remove an embedding model's Triton models; load or unload them",
+        description="Write, list or remove the Triton models of an embedding model in a model "
+        "repository folder; load or unload models of a running server (sends the admin key).",
+        epilog=REPOSITORY_USAGE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    r.add_argument("action", choices=("load", "unload"), help="what to do with the model")
-    r.add_argument("name", help="the model's name in the server's model repository")
-    r.add_argument(
-        "--timeout-s",
-        type=positive_float,
-        default=600.0,
-        help="deadline, seconds (default %(default)s)",
-    )
-    _add_key_args(r)
+    _add_repository_args(r)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``triton-embed``; returns the exit code (1 on a reported error)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    command = args.command
+    if command == "repository":
+        command = f"repository {args.action}"
+        problem = repository_flag_error(args)
+        if problem:
+            parser.error(problem)
     try:
         if args.command == "embed":
             run_embed(args)
@@ -252,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "repository":
             run_repository(args)
     except (EmbedClientError, OSError, ValueError) as exc:
-        print(f"triton-embed {args.command}: error: {exc}", file=sys.stderr)
+        print(f"triton-embed {command}: error: {exc}", file=sys.stderr)
         return 1
     return 0
 

@@ -18,11 +18,15 @@ from pathlib import Path
 
 import numpy as np
 
-from triton_embed.admin import grpc_headers, read_admin_key, read_key_file
-from triton_embed.client import EmbeddingClient, _map_error, check_url
+from triton_embed.admin import read_key_file
+from triton_embed.client import DEFAULT_URL, EmbeddingClient
 from triton_embed.corpus import read_texts, read_texts_and_lines
 from triton_embed.errors import EmbedClientError, InvalidInputError
+from triton_embed.model_control import ModelControl
 from triton_embed.retry import RetryPolicy
+
+#: Deadline of a load (until the model is ready) or an unload, seconds.
+DEFAULT_REPOSITORY_TIMEOUT_S = 600.0
 
 
 def _plural(n: int, word: str) -> str:
@@ -314,24 +318,71 @@ def run_query(args: argparse.Namespace) -> list[dict]:
 
 
 def run_repository(args: argparse.Namespace) -> None:
-    """``triton-embed repository load|unload NAME``: one repository call over gRPC.
+    """``triton-embed repository add|list|remove|load|unload`` (flags checked by the parser).
+
+    ``add``, ``list`` and ``remove`` read model folders: they run the server package's
+    :mod:`triton_embed_server.repository_gen`, imported here only (a client-only install has
+    no server package and needs none for ``load`` / ``unload``).
 
     Raises:
-        AccessDeniedError: the server refused it (no admin key, or a wrong one).
-        EmbedClientError: any other failure (unknown model, load error, unreachable server).
+        ValueError: a model, name or folder that cannot be added, listed or removed (one line).
+        AccessDeniedError: the server refused a load or unload (no admin key, or a wrong one).
+        EmbedClientError: any other failure of a load or unload (Triton's message).
     """
-    import tritonclient.grpc as grpcclient
+    if args.action in ("load", "unload"):
+        with _model_control(args) as control:
+            getattr(control, f"{args.action}_model")(args.name)
+        print(f"{args.action}ed {args.name!r} at {control.url}")
+        return
+    from triton_embed_server import repository_gen as gen
 
-    check_url(args.url)
-    headers = grpc_headers(_key_from_file(args) or read_admin_key()) or None
-    client = grpcclient.InferenceServerClient(args.url)
-    try:
-        if args.action == "load":
-            client.load_model(args.name, headers=headers, client_timeout=args.timeout_s)
+    if args.action == "list":
+        models = gen.list_models(args.repository)
+        if args.json:
+            print(json.dumps([m.to_json() for m in models], indent=2))
+        elif models:
+            print(gen.format_table(models))
         else:
-            client.unload_model(args.name, headers=headers, client_timeout=args.timeout_s)
-    except Exception as exc:  # tritonclient / grpc errors
-        raise _map_error(exc, args.url) from None
-    finally:
-        client.close()
-    print(f"{args.action}ed {args.name!r} at {args.url}")
+            print(f"no embedding models in {args.repository}")
+    elif args.action == "remove":
+        gen.removable(args.repository, args.name)  # refuse before unloading anything
+        if args.url is not None:
+            with _model_control(args) as control:
+                control.unload_model(args.name)
+            print(f"unloaded {args.name!r} at {control.url}")
+        removed = gen.remove_model(args.repository, args.name)
+        print(f"removed {args.name!r} from {args.repository}: {_names(removed)}")
+    else:
+        given = {
+            "instances": args.instances,
+            "device": args.device,
+            "max_length": args.max_length,
+            "pooling": args.pooling,
+            "normalize": args.normalize,
+            "dimensions": args.dimensions,
+            "max_chunks": args.max_chunks,
+        }
+        options = gen.ModelOptions(
+            name=args.name,
+            model=args.model,
+            **{key: value for key, value in given.items() if value is not None},
+        )
+        verb = "replaced" if (args.repository / args.name).exists() else "added"
+        written = gen.add_model(args.repository, options, replace=bool(args.replace))
+        print(
+            f"{verb} {args.name!r} in {args.repository}: {_names(written)}; a running server "
+            f"loads it with: triton-embed repository load {args.name} --url HOST:PORT"
+        )
+
+
+def _names(folders: list[Path]) -> str:
+    return ", ".join(folder.name for folder in folders)
+
+
+def _model_control(args: argparse.Namespace) -> ModelControl:
+    """The repository API client of ``--url``, ``--admin-key-file``, ``--timeout-s``."""
+    return ModelControl(
+        args.url or DEFAULT_URL,
+        admin_key=_key_from_file(args),  # None: read from the environment
+        timeout_s=args.timeout_s or DEFAULT_REPOSITORY_TIMEOUT_S,
+    )

@@ -281,7 +281,7 @@ class EmbeddingClient:
             if not self._client.is_model_ready(model):
                 raise ServerUnavailableError(f"model {model!r} is not ready at {self.url}")
             config = self._client.get_model_config(
-                model, as_json=True, headers=grpc_headers(self._admin_key) or None
+                model, as_json=True, headers=self._admin_headers()
             )["config"]
         except EmbedClientError:
             raise
@@ -297,6 +297,50 @@ class EmbeddingClient:
                 ) from None
             raise error from None
         return int(config.get("max_batch_size", 0)) or 1
+
+    def load_model(self, name: str) -> None:
+        """Load (or reload) the model ``name`` on the server; wait until it is ready.
+
+        Triton's model repository API, a restricted API: sent with the admin key. Loading an
+        ensemble loads its steps. Within ``timeout_s``; then ``embed(..., model=name)``.
+
+        Raises:
+            AccessDeniedError: the server refused the call (no admin key, or a wrong one).
+            EmbedTimeoutError: the model was not ready within ``timeout_s``.
+            EmbedClientError: the server could not load it (Triton's message, on one line).
+        """
+        from triton_embed import model_control  # imported here: it imports this module
+
+        self._batch_sizes.pop(name, None)  # a reloaded model may batch differently
+        model_control.load_model(
+            self._client,
+            name,
+            url=self.url,
+            headers=self._admin_headers(),
+            timeout_s=self.timeout_s,
+        )
+
+    def unload_model(self, name: str) -> None:
+        """Unload the model ``name`` (an ensemble: and its steps no other model uses).
+
+        Raises:
+            AccessDeniedError: the server refused the call (no admin key, or a wrong one).
+            EmbedClientError: any other failure (Triton's message, on one line).
+        """
+        from triton_embed import model_control  # imported here: it imports this module
+
+        self._batch_sizes.pop(name, None)
+        model_control.unload_model(
+            self._client,
+            name,
+            url=self.url,
+            headers=self._admin_headers(),
+            timeout_s=self.timeout_s,
+        )
+
+    def _admin_headers(self) -> dict[str, str] | None:
+        """The gRPC metadata carrying the admin key; ``None`` without a key."""
+        return grpc_headers(self._admin_key) or None
 
     def close(self) -> None:
         """Close the gRPC channel."""

@@ -1,0 +1,145 @@
+"""Loading and unloading models through Triton's model repository API, with the admin key.
+
+Triton's model repository extension (gRPC ``RepositoryModelLoad`` / ``RepositoryModelUnload``)
+loads a model of the server's repository, or reloads it after its files changed, and unloads
+it; with ``--model-control-mode explicit`` nothing else does. Loading an ensemble loads its
+steps; unloading it with ``unload_dependents`` unloads them too. The server restricts the API
+to callers that send the admin key (:mod:`triton_embed.admin`).
+
+:class:`ModelControl` needs no model to be ready (``triton-embed repository load`` loads
+models that are not); :func:`load_model` and :func:`unload_model` work over any
+``tritonclient.grpc.InferenceServerClient``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from triton_embed.admin import check_key, grpc_headers, read_admin_key
+from triton_embed.client import DEFAULT_URL, _map_error, check_url
+from triton_embed.errors import EmbedClientError, EmbedTimeoutError, InvalidInputError
+
+#: Seconds between readiness checks after a load.
+READY_POLL_S = 0.2
+
+
+def _failed(action: str, name: str, exc: BaseException, url: str) -> EmbedClientError:
+    """The client error for a refused or failed call, its message on one line.
+
+    Triton's load errors can span lines (a Python traceback of the model's ``initialize``).
+    """
+    error = _map_error(exc, url)
+    message = " ".join(str(error).split())
+    where = "" if url in message else f" at {url}"
+    return type(error)(f"cannot {action} model {name!r}{where}: {message}")
+
+
+def load_model(
+    grpc_client: Any, name: str, *, url: str, headers: dict[str, str] | None, timeout_s: float
+) -> None:
+    """Load (or reload) ``name`` and wait until the server says it is ready.
+
+    Args:
+        grpc_client: a ``tritonclient.grpc.InferenceServerClient``.
+        name: the model (an ensemble loads its steps too).
+        url: the server's ``host:port`` (for messages).
+        headers: the gRPC metadata carrying the admin key, or ``None``.
+        timeout_s: deadline of the load call, and then of the wait for readiness.
+
+    Raises:
+        AccessDeniedError: the server refused the call (no admin key, or a wrong one).
+        EmbedTimeoutError: the model was not ready within ``timeout_s``.
+        EmbedClientError: the server could not load it (an unknown model, a failing
+            ``initialize``: Triton's message), or could not be reached.
+    """
+    try:
+        grpc_client.load_model(name, headers=headers, client_timeout=timeout_s)
+    except Exception as exc:  # tritonclient / grpc errors
+        raise _failed("load", name, exc, url) from None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if grpc_client.is_model_ready(name):
+                return
+        except Exception as exc:
+            raise _failed("load", name, exc, url) from None
+        if time.monotonic() >= deadline:
+            raise EmbedTimeoutError(
+                f"model {name!r} at {url} was loaded but is not ready after {timeout_s:g} s"
+            )
+        time.sleep(READY_POLL_S)
+
+
+def unload_model(
+    grpc_client: Any, name: str, *, url: str, headers: dict[str, str] | None, timeout_s: float
+) -> None:
+    """Unload ``name``, and the steps of an ensemble that no other loaded model uses.
+
+    Raises:
+        AccessDeniedError: the server refused the call (no admin key, or a wrong one).
+        EmbedClientError: any other failure (Triton's message on one line).
+    """
+    try:
+        grpc_client.unload_model(
+            name, headers=headers, unload_dependents=True, client_timeout=timeout_s
+        )
+    except Exception as exc:  # tritonclient / grpc errors
+        raise _failed("unload", name, exc, url) from None
+
+
+class ModelControl:
+    """Load and unload models of a running server.
+
+    Args:
+        url: the server's gRPC ``host:port``.
+        admin_key: the admin key; ``None`` reads it as
+            :func:`triton_embed.admin.read_admin_key` does (``TRITON_EMBED_ADMIN_KEY``, the
+            file ``TRITON_EMBED_ADMIN_KEY_FILE``, the default key file), if any.
+        timeout_s: deadline of each call, seconds (a load waits this long for readiness).
+
+    Raises:
+        InvalidInputError: a ``url`` with a scheme, an unusable key, ``timeout_s`` <= 0.
+        EmbedClientError: the configured key file cannot be read.
+    """
+
+    def __init__(
+        self, url: str = DEFAULT_URL, admin_key: str | None = None, timeout_s: float = 600.0
+    ):
+        import tritonclient.grpc as grpcclient
+
+        check_url(url)
+        if not timeout_s > 0:
+            raise InvalidInputError(f"timeout_s must be > 0, got {timeout_s!r}")
+        try:
+            key = read_admin_key() if admin_key is None else check_key(admin_key, "admin_key=")
+        except ValueError as exc:
+            raise InvalidInputError(str(exc)) from None
+        except OSError as exc:
+            raise EmbedClientError(f"cannot read the admin key: {exc}") from None
+        self.url = url
+        self.timeout_s = timeout_s
+        self._headers = grpc_headers(key) or None
+        self._client = grpcclient.InferenceServerClient(url)
+
+    def load_model(self, name: str) -> None:
+        """Load (or reload) ``name`` and wait until it is ready (see :func:`load_model`)."""
+        load_model(
+            self._client, name, url=self.url, headers=self._headers, timeout_s=self.timeout_s
+        )
+
+    def unload_model(self, name: str) -> None:
+        """Unload ``name`` and its steps (see :func:`unload_model`)."""
+        unload_model(
+            self._client, name, url=self.url, headers=self._headers, timeout_s=self.timeout_s
+        )
+
+    def close(self) -> None:
+        """Close the gRPC channel."""
+        self._client.close()
+
+    def __enter__(self) -> ModelControl:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

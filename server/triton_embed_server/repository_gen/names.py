@@ -1,0 +1,39 @@
+"""Model names: which are allowed, and the step names an ensemble's name gives."""
+
+from __future__ import annotations
+
+import re
+
+#: A model name: what Triton accepts as a folder name and a client can type unquoted.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+MAX_NAME_CHARS = 100
+#: The ensemble whose steps are named ``tokenizer`` and ``embedder`` (the shipped layout).
+LEGACY_NAME = "embed"
+#: The two step kinds, in ensemble order.
+STEPS = ("tokenizer", "embedder")
+
+
+class RepositoryError(ValueError):
+    """A repository change that cannot be made (one line: what is wrong, what to do)."""
+
+
+def check_name(name: str) -> str:
+    """Return ``name`` if it can name a model.
+
+    Raises:
+        RepositoryError: not 1 to 100 characters of ``A-Z a-z 0-9 _ . -`` starting with a
+            letter or digit.
+    """
+    if len(name) > MAX_NAME_CHARS or not NAME_PATTERN.fullmatch(name):
+        raise RepositoryError(
+            f"--name {name!r} is not a model name: use 1 to {MAX_NAME_CHARS} characters from "
+            "A-Z a-z 0-9 _ . -, starting with a letter or digit"
+        )
+    return name
+
+
+def step_names(name: str) -> tuple[str, str]:
+    """The tokenizer and embedder step names of the ensemble ``name``."""
+    if name == LEGACY_NAME:
+        return STEPS
+    return f"{name}_tokenizer", f"{name}_embedder"

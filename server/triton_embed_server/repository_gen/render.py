@@ -1,0 +1,125 @@
+"""The files of one embedding model's three Triton models, from the templates.
+
+The templates (``triton_embed_server/templates/``) are the shipped ``model_repository/``
+files with :mod:`string.Template` placeholders for what differs between models: the model
+names, ``model_path`` and ``max_length`` (both steps), the embedder's instance count and its
+``pooling`` / ``normalize`` / ``dimensions``, the tokenizer's ``max_chunks``, and the step kind
+in ``model.py``. The shipped files stay the source of the text: a unit test renders ``embed``
+with the defaults and compares it with them byte for byte (tests/unit/test_repository_gen.py).
+"""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass
+from importlib import resources
+
+import triton_embed_server
+from triton_embed_server.repository import _escape
+from triton_embed_server.repository_gen.names import step_names
+
+DEVICES = ("cpu", "gpu")
+#: Embedder instances per device when none is asked for: the shipped configs' counts.
+DEFAULT_INSTANCES = {"cpu": 2, "gpu": 4}
+DEFAULT_MAX_CHUNKS = 16
+#: The template files, package data of ``triton_embed_server``.
+TEMPLATES = resources.files(triton_embed_server) / "templates"
+
+# The first line of the GPU template: the variant next to the CPU config (the shipped text),
+# or the model's one config (``device="gpu"``).
+_GPU_VARIANT_HEADER = "# GPU variant of the embedder: tritonserver ... --model-config-name gpu"
+_GPU_ONLY_HEADER = (
+    "# Step 2 of the `{name}` ensemble: token IDs -> embeddings, vLLM pooling runner in-process.\n"
+    "# GPU variant (triton-embed repository add --device gpu); no CPU variant is written."
+)
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """What ``repository add`` writes for one embedding model.
+
+    Attributes:
+        name: the ensemble's name (``NAME_PATTERN``, at most ``MAX_NAME_CHARS`` characters).
+        model: the model folder: ``pkg://<package>/<subdir>`` (written as is) or a path
+            (written absolute).
+        device: ``cpu`` (``config.pbtxt`` for CPUs plus ``configs/gpu.pbtxt``) or ``gpu``
+            (``config.pbtxt`` for GPUs only).
+        instances: embedder instances (per GPU with ``gpu``); ``None``: 2 on CPU, 4 per GPU.
+        max_length: token budget per text; 0 = the model's own limit (no larger allowed).
+        pooling: ``""`` (what the folder states), ``mean``, ``cls`` or ``lasttoken``.
+        normalize: ``None`` (what the folder states), or L2-normalize or not.
+        dimensions: ``""`` (the folder's ``config.json``), ``any`` or a list such as
+            ``"64,128"``: the dimensions a request may ask for.
+        max_chunks: the most windows one text is cut into with ``truncation=CHUNK``.
+    """
+
+    name: str
+    model: str
+    device: str = "cpu"
+    instances: int | None = None
+    max_length: int = 0
+    pooling: str = ""
+    normalize: bool | None = None
+    dimensions: str = ""
+    max_chunks: int = DEFAULT_MAX_CHUNKS
+
+
+def _template(file: str) -> string.Template:
+    return string.Template((TEMPLATES / file).read_text("utf-8"))
+
+
+def render(
+    options: ModelOptions,
+    model_path: str,
+    *,
+    pooling: str = "",
+    normalize: str = "",
+    dimensions: str = "",
+) -> dict[str, bytes]:
+    """The files of the three models, without checking anything.
+
+    Args:
+        options: names, device, instances, lengths.
+        model_path: the ``model_path`` parameter of both steps, as it is to be written.
+        pooling: the embedder's ``pooling`` parameter (``""``: the folder's).
+        normalize: its ``normalize`` parameter (``""``, ``true``, ``false``).
+        dimensions: its ``dimensions`` parameter (``""``, ``any``, ``64,128``).
+
+    Returns:
+        ``{path relative to the repository root, "/"-separated: UTF-8 bytes}``.
+    """
+    name = options.name
+    tokenizer, embedder = step_names(name)
+    common = {
+        "name": name,
+        "tokenizer_name": tokenizer,
+        "embedder_name": embedder,
+        "model_path": _escape(model_path),
+        "max_length": str(options.max_length),
+        "pooling": pooling,
+        "normalize": normalize,
+        "dimensions": dimensions,
+        "max_chunks": str(options.max_chunks),
+    }
+    instances = options.instances or DEFAULT_INSTANCES[options.device]
+    gpu = _template("embedder_gpu.pbtxt")
+    files = {
+        f"{name}/config.pbtxt": _template("ensemble.pbtxt").substitute(common),
+        f"{name}/1/.gitkeep": "",
+        f"{tokenizer}/config.pbtxt": _template("tokenizer.pbtxt").substitute(common),
+        f"{tokenizer}/1/model.py": _template("model.py.tmpl").substitute(step="tokenizer"),
+        f"{embedder}/1/model.py": _template("model.py.tmpl").substitute(step="embedder"),
+    }
+    if options.device == "gpu":
+        header = _GPU_ONLY_HEADER.format(name=name)
+        files[f"{embedder}/config.pbtxt"] = gpu.substitute(
+            common, instances=instances, header=header
+        )
+    else:
+        files[f"{embedder}/config.pbtxt"] = _template("embedder_cpu.pbtxt").substitute(
+            common, instances=instances
+        )
+        files[f"{embedder}/configs/gpu.pbtxt"] = gpu.substitute(
+            common, instances=DEFAULT_INSTANCES["gpu"], header=_GPU_VARIANT_HEADER
+        )
+    return {path: text.encode("utf-8") for path, text in sorted(files.items())}

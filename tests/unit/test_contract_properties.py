@@ -139,7 +139,7 @@ def test_client_refuses_a_bad_option_before_sending(kwargs, message):
 def test_client_sends_the_options_the_server_reads(monkeypatch):
     from triton_embed import EmbeddingClient
 
-    monkeypatch.setattr(EmbeddingClient, "_server_max_batch_size", lambda self: 64)
+    monkeypatch.setattr(EmbeddingClient, "_server_max_batch_size", lambda self, model: 64)
     client = EmbeddingClient(
         "127.0.0.1:1", truncation="start", allow_empty=False, invalid_utf8="REPLACE"
     )

@@ -199,12 +199,12 @@ def test_other_unavailability_is_not_called_overload():
 
 def test_client_retries_each_batch_alone_and_keeps_every_text_once_in_order(monkeypatch):
     """Batches refused a few times each still come back once each, in input order."""
-    monkeypatch.setattr(EmbeddingClient, "_server_max_batch_size", lambda self: 4)
+    monkeypatch.setattr(EmbeddingClient, "_server_max_batch_size", lambda self, model: 4)
     client = EmbeddingClient("127.0.0.1:1", max_concurrency=3, retry=RetryPolicy(6, 0.001, 0.002))
     refusals = {start: start % 3 for start in range(0, 30, 4)}  # 0, 1 or 2 refusals per batch
     sent: list[int] = []
 
-    def fake_infer(batch, offset):
+    def fake_infer(batch, offset, request=None):
         sent.append(offset)
         if refusals[offset] > 0:
             refusals[offset] -= 1
@@ -223,11 +223,11 @@ def test_client_retries_each_batch_alone_and_keeps_every_text_once_in_order(monk
 
 
 def test_client_with_retries_off_raises_the_overload_at_once(monkeypatch):
-    monkeypatch.setattr(EmbeddingClient, "_server_max_batch_size", lambda self: 64)
+    monkeypatch.setattr(EmbeddingClient, "_server_max_batch_size", lambda self, model: 64)
     client = EmbeddingClient("127.0.0.1:1", retry=None)
     calls = []
 
-    def fake_infer(batch, offset):
+    def fake_infer(batch, offset, request=None):
         calls.append(offset)
         raise overloaded()
 

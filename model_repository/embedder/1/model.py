@@ -1,4 +1,4 @@
-"""Triton Python-backend entry point of a embedder step (written by `triton-embed repository add`).
+"""Triton Python-backend entry point of the embedder step (from `triton-embed repository add`).
 
 The adapter lives in the installed package (triton_embed_server.adapters.embedder); this file
 only sets the locale first: the stub's embedded interpreter starts with an ASCII locale and

@@ -1,4 +1,4 @@
-"""Triton Python-backend entry point of a tokenizer step (written by `triton-embed repository add`).
+"""Triton Python-backend entry point of the tokenizer step (from `triton-embed repository add`).
 
 The adapter lives in the installed package (triton_embed_server.adapters.tokenizer); this file
 only sets the locale first: the stub's embedded interpreter starts with an ASCII locale and

@@ -30,7 +30,7 @@ from triton_embed.cli_commands import (
 )
 from triton_embed.client import DEFAULT_MODEL, DEFAULT_URL
 from triton_embed.errors import EmbedClientError
-from triton_embed.options import DEFAULT_TRUNCATION, Truncation
+from triton_embed.options import DEFAULT_TRUNCATION, EmbeddingType, Truncation
 from triton_embed.retry import DEFAULT_MAX_WAIT_S, DEFAULT_RETRIES
 
 __all__ = [
@@ -125,13 +125,28 @@ def _add_connection_args(p: argparse.ArgumentParser) -> None:
         choices=[t.value for t in Truncation],
         default=None,
         help="over-long texts: NONE = error, END = keep the start, START = keep the "
-        f"end (default: the server's, {DEFAULT_TRUNCATION.value} unless configured)",
+        "end, CHUNK = embed them whole in windows and average (default: the server's, "
+        f"{DEFAULT_TRUNCATION.value} unless configured)",
     )
     p.add_argument(
         "--allow-empty",
         action="store_true",
         default=None,
         help="embed empty texts instead of rejecting them",
+    )
+    p.add_argument(
+        "--input-type",
+        default=None,
+        help="the model's prompt to put in front of each text: query, document or a prompt "
+        "name of the model (default: document for 'embed'; for 'query', query when the "
+        "model has a query prompt)",
+    )
+    p.add_argument(
+        "--dimensions",
+        type=positive_int,
+        default=None,
+        help="cut vectors to their first N values, L2-normalized again (one of the model's "
+        "Matryoshka dimensions; query with the dimensions the corpus was embedded with)",
     )
     _add_retry_args(p)
 
@@ -292,7 +307,17 @@ def build_parser() -> argparse.ArgumentParser:
         "input", type=Path, help="text file (one text per line; blank lines are skipped) or JSONL"
     )
     e.add_argument(
-        "-o", "--output", type=Path, required=True, help="output .npy (float32 [n, dim])"
+        "-o",
+        "--output",
+        type=Path,
+        required=True,
+        help="output .npy ([n, dim] float32; float16, or uint8 [n, dim/8] for ubinary)",
+    )
+    e.add_argument(
+        "--embedding-type",
+        choices=[t.value for t in EmbeddingType],
+        default=None,
+        help="float32 (default), float16 or ubinary (sign bits packed 8 per byte)",
     )
     e.add_argument(
         "--parquet", type=Path, help="also write a Parquet file (text, num_tokens, embedding)"

@@ -180,6 +180,9 @@ def run_embed(args: argparse.Namespace) -> dict:
         allow_empty=args.allow_empty,
         admin_key=_key_from_file(args),  # None: the client reads the environment
         retry=_retry_policy(args),
+        input_type=args.input_type or "document",  # a corpus is documents
+        dimensions=args.dimensions,
+        embedding_type=args.embedding_type,
     ) as client:
         # None: tqdm hides the bar when stderr is not a terminal (logs get no \r updates)
         bar = tqdm(
@@ -211,7 +214,11 @@ def run_embed(args: argparse.Namespace) -> dict:
                 "text": texts,
                 "num_tokens": result.num_tokens,
                 "embedding": pa.FixedSizeListArray.from_arrays(
-                    pa.array(result.embeddings.reshape(-1), type=pa.float32()), dim
+                    pa.array(
+                        result.embeddings.reshape(-1),
+                        type=pa.from_numpy_dtype(result.embeddings.dtype),
+                    ),
+                    dim,
                 ),
             }
         )
@@ -270,6 +277,22 @@ def nearest(
     return out
 
 
+def _embed_queries(client, queries: list[str], input_type: str | None) -> np.ndarray:
+    """Embed queries with ``input_type``; by default ``query`` if the model has that prompt.
+
+    A model without a ``query`` prompt (all-MiniLM-L6-v2 has no prompts) refuses
+    ``input_type=query`` naming its input types; the queries are then embedded as they are.
+    """
+    if input_type is not None:
+        return client.embed(queries, input_type=input_type)
+    try:
+        return client.embed(queries, input_type="query")
+    except InvalidInputError as exc:
+        if "input_type='query' is not a prompt of this model" not in str(exc):
+            raise
+        return client.embed(queries)
+
+
 def run_query(args: argparse.Namespace) -> list[dict]:
     """``triton-embed query``: prints and returns the hits."""
     if args.top_k < 1:
@@ -289,11 +312,17 @@ def run_query(args: argparse.Namespace) -> list[dict]:
         allow_empty=args.allow_empty,
         admin_key=_key_from_file(args),  # None: the client reads the environment
         retry=_retry_policy(args),
+        dimensions=args.dimensions,
     ) as client:
         try:
-            qv = client.embed(args.queries)
+            qv = _embed_queries(client, args.queries, args.input_type)
         except InvalidInputError as exc:
             raise _text_error(exc, lambda i: f"query {i + 1}") from None
+    if qv.shape[1] != vectors.shape[1]:
+        raise EmbedClientError(
+            f"the queries have {qv.shape[1]} dimensions but {args.embeddings} has "
+            f"{vectors.shape[1]}; pass the --model and --dimensions the corpus was embedded with"
+        )
     results = []
     for query, hits in zip(args.queries, nearest(vectors, qv, args.top_k), strict=True):
         results.append(

@@ -76,16 +76,38 @@ def unload_model(
 ) -> None:
     """Unload ``name``, and the steps of an ensemble that no other loaded model uses.
 
+    ``unload_dependents`` only unloads the steps the ensemble's load brought in; a step that
+    was loaded on its own since (the supervisor reloads a step whose stub died) stays. So
+    the steps are also unloaded by name, unless another READY ensemble uses them.
+
     Raises:
         AccessDeniedError: the server refused the call (no admin key, or a wrong one).
         EmbedClientError: any other failure (Triton's message on one line).
     """
     try:
+        steps = _steps(grpc_client, name, headers)
         grpc_client.unload_model(
             name, headers=headers, unload_dependents=True, client_timeout=timeout_s
         )
+        ready = {
+            m["name"]
+            for m in grpc_client.get_model_repository_index(headers=headers, as_json=True).get(
+                "models", []
+            )
+            if m.get("state") == "READY" and m["name"] != name
+        }
+        used = {step for other in ready for step in _steps(grpc_client, other, headers)}
+        for step in steps:
+            if step in ready and step not in used:
+                grpc_client.unload_model(step, headers=headers, client_timeout=timeout_s)
     except Exception as exc:  # tritonclient / grpc errors
         raise _failed("unload", name, exc, url) from None
+
+
+def _steps(grpc_client: Any, name: str, headers: dict[str, str] | None) -> list[str]:
+    """The step models of ensemble ``name`` (none for another model)."""
+    config = grpc_client.get_model_config(name, headers=headers, as_json=True)["config"]
+    return [s["model_name"] for s in config.get("ensemble_scheduling", {}).get("step", [])]
 
 
 class ModelControl:

@@ -356,7 +356,8 @@ def test_a_model_added_to_the_live_server_is_loaded_used_supervised_and_unloaded
     ):
         time.sleep(0.5)
     time.sleep(5)  # longer than the supervisor's poll: an unloaded model is not reloaded
-    assert _stubs(server, "late_embedder") == [] and _stubs(server, "late_tokenizer") == []
+    assert _stubs(server, "late_embedder") == [], server.log_tail()
+    assert _stubs(server, "late_tokenizer") == [], server.log_tail()
     rss_after = _rss_mb(server)
     print(
         f"\nRSS of server + stubs: before add {rss_before:.0f} MB, loaded {rss_loaded:.0f} MB, "

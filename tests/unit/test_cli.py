@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from triton_embed import cli_commands
+from triton_embed import InvalidInputError, cli_commands
 from triton_embed.cli import build_parser, main, nearest, summarize
 from triton_embed.client import EmbedResult
 from triton_embed.retry import RetryPolicy
@@ -147,7 +147,12 @@ class FakeClient:
             on_batch_done(len(texts), int(counts.sum()))
         return EmbedResult(vectors, counts, [0.010, 0.030])
 
-    def embed(self, texts):
+    def embed(self, texts, input_type=None):
+        if input_type == "query":  # as a server whose model has no prompts answers
+            raise InvalidInputError(
+                "request parameter input_type='query' is not a prompt of this model; "
+                "its input types are document"
+            )
         return np.array([[1.0, 0.0]] * len(texts), dtype=np.float32)
 
 
@@ -195,6 +200,9 @@ def test_embed_passes_every_flag_and_writes_all_outputs(fake_client, tmp_path):
             "allow_empty": True,
             "admin_key": None,  # the client reads TRITON_EMBED_ADMIN_KEY(_FILE) itself
             "retry": RetryPolicy(retries=3, initial_wait_s=0.1, max_wait_s=0.5),
+            "input_type": "document",  # a corpus is embedded as documents
+            "dimensions": None,
+            "embedding_type": None,
         }
     ]
     np.testing.assert_array_equal(np.load(out), [[10.0, 0.0], [0.0, 1.0]])

@@ -298,6 +298,14 @@ class RepositoryFake(fake_server.FakeTriton):
     def is_model_ready(self, model, *args, **kwargs):
         return model in RepositoryFake.loaded
 
+    def get_model_repository_index(self, headers=None, as_json=False, **kwargs):
+        return {"models": [{"name": m, "state": "READY"} for m in sorted(RepositoryFake.loaded)]}
+
+    def get_model_config(self, model, as_json=False, headers=None, **kwargs):
+        steps = [{"model_name": f"{model}_{s}"} for s in ("tokenizer", "embedder")]
+        scheduling = {"ensemble_scheduling": {"step": steps}} if model == "duo" else {}
+        return {"config": {"name": model, **scheduling}}
+
 
 @pytest.fixture
 def server(monkeypatch, tmp_path):
@@ -441,3 +449,19 @@ def test_the_embedding_client_loads_and_unloads_with_the_admin_key(server):
         ("load", "mini", {"headers": headers}),
         ("unload", "mini", {"headers": headers, "unload_dependents": True}),
     ]
+
+
+def test_unload_also_unloads_steps_loaded_on_their_own_unless_another_ensemble_uses_them(
+    server, capsys
+):
+    # The supervisor reloads a step whose stub died: it is then loaded on its own, and
+    # unload_dependents leaves it; unload names it too.
+    server.loaded |= {"duo", "duo_tokenizer", "duo_embedder"}
+    code, out, err = run(capsys, "repository", "unload", "duo", "--url", "h:1")
+    assert (code, err) == (0, "")
+    assert [(c, n) for c, n, _ in server.calls] == [
+        ("unload", "duo"),
+        ("unload", "duo_tokenizer"),
+        ("unload", "duo_embedder"),
+    ]
+    assert server.loaded == {"embed"}

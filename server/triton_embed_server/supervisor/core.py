@@ -124,20 +124,22 @@ class Supervisor:
         copies on every GPU).
 
         Args:
-            ready: only these models (the server's READY ones); ``None``: every model that
-                has stubs.
+            ready: the server's READY models: each Python-backend one among them is watched,
+                even one whose stubs are already gone (it died between its load and this
+                look); ``None``: every model that has stubs.
         """
         running: dict[str, int] = {}
         for model in self.stubs().values():
             if ready is None or model in ready:
                 running[model] = running.get(model, 0) + 1
         expected = dict(running)
-        for model in running:
+        for model in sorted(set(running) | (ready or set())):
             try:
                 config = self.api.config(model)
             except (OSError, ValueError):
                 continue
-            expected[model] = max(instance_count(config).total, running[model])
+            if model in running or config.get("backend") == "python":
+                expected[model] = max(instance_count(config).total, running.get(model, 0))
         return expected
 
     def run(self) -> int:

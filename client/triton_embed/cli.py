@@ -9,6 +9,8 @@ Subcommands:
             repository folder (the ensemble NAME and its steps NAME_tokenizer, NAME_embedder)
     repository load|unload
             load or unload a model through the server's repository API (needs the admin key)
+    gateway an OpenAI- and TEI-compatible HTTP gateway in front of one or more servers
+            (docs/operations.md, "Gateway"; needs the server package)
 
 The admin key (docs/operations.md, "Restricted APIs") is read from TRITON_EMBED_ADMIN_KEY,
 the file TRITON_EMBED_ADMIN_KEY_FILE or --admin-key-file, or the server's default key file;
@@ -24,6 +26,7 @@ from pathlib import Path
 from triton_embed.cli_commands import (
     nearest,
     run_embed,
+    run_gateway,
     run_query,
     run_repository,
     summarize,
@@ -34,6 +37,7 @@ from triton_embed.options import DEFAULT_TRUNCATION, EmbeddingType, Truncation
 from triton_embed.retry import DEFAULT_MAX_WAIT_S, DEFAULT_RETRIES
 
 __all__ = [
+    "add_gateway_args",
     "build_parser",
     "main",
     "nearest",
@@ -42,6 +46,7 @@ __all__ = [
     "positive_int",
     "repository_flag_error",
     "run_embed",
+    "run_gateway",
     "run_query",
     "run_repository",
     "summarize",
@@ -287,6 +292,77 @@ def _add_repository_args(r: argparse.ArgumentParser) -> None:
     )
 
 
+def add_gateway_args(p: argparse.ArgumentParser) -> None:
+    """The flags of the gateway, defined once.
+
+    ``triton-embed gateway`` and ``python -m triton_embed_server.gateway`` both take them
+    (:class:`triton_embed_server.gateway.settings.GatewaySettings` reads them). No flag
+    takes a key itself: keys come from files or the environment.
+    """
+    p.add_argument(
+        "--upstream",
+        action="append",
+        required=True,
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="gRPC address(es) of the Triton servers; a host name is resolved to all its "
+        "addresses every few seconds (a headless Kubernetes Service); may be repeated",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
+    p.add_argument(
+        "--port", type=positive_int, default=8080, help="port to listen on (default %(default)s)"
+    )
+    p.add_argument(
+        "--api-key-file",
+        type=Path,
+        default=None,
+        help="file holding the key clients must send as 'Authorization: Bearer <key>' "
+        "(default: TRITON_EMBED_GATEWAY_API_KEY; neither: no key, every route open)",
+    )
+    p.add_argument(
+        "--admin-key-file",
+        type=Path,
+        default=None,
+        help="file holding the servers' admin key, needed to list their models and read "
+        "their configs (default: TRITON_EMBED_ADMIN_KEY, the file TRITON_EMBED_ADMIN_KEY_FILE, "
+        "the server's default key file)",
+    )
+    p.add_argument(
+        "--max-body-mb",
+        type=positive_float,
+        default=16.0,
+        help="largest request body, MiB; larger ones are answered 413 (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-in-flight",
+        type=positive_int,
+        default=512,
+        help="requests handled at once; more are answered 429 (default %(default)s)",
+    )
+    p.add_argument(
+        "--default-model",
+        default=DEFAULT_MODEL,
+        help="the model of the TEI routes /embed, /tokenize, /info (default %(default)s)",
+    )
+    p.add_argument(
+        "--timeout-s",
+        type=positive_float,
+        default=60.0,
+        help="deadline of one upstream call, seconds; past it 504 (default %(default)s)",
+    )
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        default=1,
+        help="uvicorn worker processes (default %(default)s; each has its own limits and metrics)",
+    )
+    p.add_argument(
+        "--log-level",
+        choices=("critical", "error", "warning", "info", "debug"),
+        default="info",
+        help="log level (default %(default)s)",
+    )
+
+
 def _add_corpus_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--format",
@@ -395,6 +471,15 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_repository_args(r)
+
+    g = sub.add_parser(
+        "gateway",
+        help="OpenAI- and TEI-compatible HTTP gateway in front of one or more servers",
+        description="Serve POST /v1/embeddings, GET /v1/models (OpenAI) and /embed, "
+        "/tokenize, /info, /health (text-embeddings-inference) over HTTP, calling the "
+        "servers' embedding ensembles over gRPC (docs/operations.md, 'Gateway').",
+    )
+    add_gateway_args(g)
     return parser
 
 
@@ -420,6 +505,8 @@ def main(argv: list[str] | None = None) -> int:
             run_doctor(args)
         elif args.command == "repository":
             run_repository(args)
+        elif args.command == "gateway":
+            run_gateway(args)
     except (EmbedClientError, OSError, ValueError) as exc:
         print(f"triton-embed {command}: error: {exc}", file=sys.stderr)
         return 1

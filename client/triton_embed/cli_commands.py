@@ -1,4 +1,4 @@
-"""The bodies of ``triton-embed embed``, ``query`` and ``repository``.
+"""The bodies of ``triton-embed embed``, ``query``, ``repository`` and ``gateway``.
 
 With the helpers they share: where a refused text came from, writing and pre-checking the
 output files, reading the ``--embeddings`` file, the retry policy and admin key from the flags.
@@ -416,3 +416,25 @@ def _model_control(args: argparse.Namespace) -> ModelControl:
         admin_key=_key_from_file(args),  # None: read from the environment
         timeout_s=args.timeout_s or DEFAULT_REPOSITORY_TIMEOUT_S,
     )
+
+
+def run_gateway(args: argparse.Namespace) -> None:
+    """``triton-embed gateway``: serve the HTTP gateway until stopped.
+
+    The gateway runs on the serving side: its package is imported here, not when the CLI
+    starts (the client never imports the server package otherwise).
+
+    Raises:
+        ValueError: a malformed ``--upstream`` entry or limit.
+        OSError: a key file cannot be read.
+        EmbedClientError: the server package (with the gateway's dependencies) is not
+            installed.
+    """
+    try:
+        from triton_embed_server.gateway.command import run_from_args
+    except ImportError as exc:
+        raise EmbedClientError(
+            f"the gateway needs the server package and its dependencies ({exc}); install "
+            "triton-embed[gateway] next to triton_embed_server"
+        ) from None
+    run_from_args(args)

@@ -1,0 +1,251 @@
+"""The gateway's Starlette application: routes, and what every request goes through.
+
+Every route's handler is wrapped by :meth:`Gateway.endpoint`, in this order:
+
+1. the API key (:mod:`~triton_embed_server.gateway.auth`), except on ``/health`` and
+   ``/metrics``;
+2. the in-flight bound: with ``--max-in-flight`` requests already in the gateway, 429 with
+   ``Retry-After`` at once (``/health``, ``/metrics`` and ``/info`` are not counted);
+3. the handler;
+4. its errors rendered in the route's API envelope (:mod:`~triton_embed_server.gateway.errors`);
+   any other exception is logged with its traceback and answered 500 with a short message;
+5. the request counted in the metrics (:mod:`~triton_embed_server.gateway.metrics`).
+
+==========================  ======  =====================================================
+route                       API     handler
+==========================  ======  =====================================================
+``POST /v1/embeddings``     OpenAI  :func:`~triton_embed_server.gateway.openai_api.embeddings`
+``GET /v1/models``          OpenAI  :func:`~triton_embed_server.gateway.openai_api.models`
+``POST /embed``             TEI     :func:`~triton_embed_server.gateway.tei_api.embed`
+``POST /tokenize``          TEI     :func:`~triton_embed_server.gateway.tei_api.tokenize`
+``GET /info``               TEI     :func:`~triton_embed_server.gateway.tei_api.info`
+``GET /health``             TEI     :func:`~triton_embed_server.gateway.tei_api.health`
+``GET /metrics``            (none)  Prometheus text format
+==========================  ======  =====================================================
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from triton_embed_server.gateway import openai_api, tei_api
+from triton_embed_server.gateway.auth import ApiKeyCheck
+from triton_embed_server.gateway.catalog import ModelInfo
+from triton_embed_server.gateway.errors import (
+    GatewayError,
+    Internal,
+    NotFound,
+    Overloaded,
+    Unavailable,
+)
+from triton_embed_server.gateway.inference import Pool
+from triton_embed_server.gateway.metrics import GatewayMetrics
+from triton_embed_server.gateway.settings import GatewaySettings
+from triton_embed_server.gateway.upstreams import UpstreamPool
+
+log = logging.getLogger("triton_embed.gateway")
+
+OPENAI = "openai"
+TEI = "tei"
+#: Environment variable through which ``--workers`` processes get the settings (JSON).
+SETTINGS_ENV = "TRITON_EMBED_GATEWAY_SETTINGS"
+
+Handler = Callable[["Gateway", Request, "RequestState"], Awaitable[Response]]
+
+
+@dataclass
+class RequestState:
+    """What a handler learns that the metrics need: the model the request resolved to."""
+
+    model: str = ""
+
+
+class Gateway:
+    """One gateway's state: its upstreams, limits, key check and metrics.
+
+    Args:
+        settings: the parsed settings.
+        pool: the upstreams (:class:`~.upstreams.UpstreamPool`, or a test double).
+        metrics: the gateway's metrics (the pool's, when it has them).
+        api_key: the key clients must send, or ``None``.
+    """
+
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        pool: Pool,
+        metrics: GatewayMetrics,
+        api_key: str | None,
+    ):
+        self.settings = settings
+        self.pool = pool
+        self.metrics = metrics
+        self.auth = ApiKeyCheck(api_key)
+        self.max_body_bytes = settings.max_body_bytes
+        self.max_in_flight = settings.max_in_flight
+        self.default_model = settings.default_model
+        self.started_at = int(time.time())
+        self.in_flight = 0
+
+    def require_ready(self) -> None:
+        """Raise :class:`Unavailable` unless some upstream is ready."""
+        if not self.pool.any_ready():
+            raise Unavailable("no upstream is ready; retry later")
+
+    def model(self, name: str) -> ModelInfo:
+        """The model a request names (ensemble name or alias).
+
+        Raises:
+            Unavailable: no upstream is ready.
+            NotFound: no ready upstream serves a model of that name (lists the names).
+        """
+        info = self.pool.catalog.resolve(name)
+        if info is not None:
+            return info
+        self.require_ready()
+        names = ", ".join(self.pool.catalog.names()) or "none"
+        raise NotFound(
+            f"the model {name!r} does not exist; the models are: {names} (GET /v1/models)",
+            param="model",
+        )
+
+    def endpoint(
+        self, route: str, api: str, handler: Handler, *, public: bool = False, counted: bool = True
+    ) -> Callable[[Request], Awaitable[Response]]:
+        """``handler`` behind the key check, the in-flight bound, the envelopes and metrics.
+
+        Args:
+            route: the path, the ``route`` label of the metrics.
+            api: :data:`OPENAI` or :data:`TEI`: the error envelope.
+            handler: the route's handler.
+            public: no API key needed.
+            counted: counts against ``--max-in-flight``.
+        """
+
+        async def run(request: Request) -> Response:
+            started = time.perf_counter()
+            state = RequestState()
+            entered = False
+            try:
+                if not public:
+                    self.auth.check(request.headers.get("authorization"))
+                if counted:
+                    if self.in_flight >= self.max_in_flight:
+                        raise Overloaded(
+                            f"the gateway is handling {self.in_flight} requests, its limit "
+                            "(--max-in-flight); retry later, with backoff"
+                        )
+                    self.in_flight += 1
+                    entered = True
+                    self.metrics.in_flight.inc()
+                response = await handler(self, request, state)
+            except GatewayError as error:
+                response = error_response(error, api)
+            except Exception:
+                log.exception("%s %s failed", request.method, route)
+                response = error_response(
+                    Internal("internal error in the gateway; its log has the details"), api
+                )
+            finally:
+                if entered:
+                    self.in_flight -= 1
+                    self.metrics.in_flight.dec()
+            self.metrics.observe(
+                route, state.model, response.status_code, time.perf_counter() - started
+            )
+            return response
+
+        return run
+
+
+def error_response(error: GatewayError, api: str) -> Response:
+    """``error`` as a response in the envelope of ``api``."""
+    body = error.openai_body() if api == OPENAI else error.tei_body()
+    return Response(
+        orjson.dumps(body),
+        status_code=error.status,
+        headers=error.headers(),
+        media_type="application/json",
+    )
+
+
+async def _metrics(gateway: Gateway, request: Request, state: RequestState) -> Response:
+    text, content_type = gateway.metrics.render()
+    return Response(text, media_type=content_type)
+
+
+def build_app(gateway: Gateway, *, lifespan: Callable | None = None) -> Starlette:
+    """The Starlette app of ``gateway``'s routes."""
+    e = gateway.endpoint
+    routes = [
+        Route(
+            "/v1/embeddings", e("/v1/embeddings", OPENAI, openai_api.embeddings), methods=["POST"]
+        ),  # noqa: E501
+        Route("/v1/models", e("/v1/models", OPENAI, openai_api.models), methods=["GET"]),
+        Route("/embed", e("/embed", TEI, tei_api.embed), methods=["POST"]),
+        Route("/tokenize", e("/tokenize", TEI, tei_api.tokenize), methods=["POST"]),
+        Route("/info", e("/info", TEI, tei_api.info, counted=False), methods=["GET"]),
+        Route(
+            "/health",
+            e("/health", TEI, tei_api.health, public=True, counted=False),
+            methods=["GET"],
+        ),
+        Route(
+            "/metrics", e("/metrics", TEI, _metrics, public=True, counted=False), methods=["GET"]
+        ),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+def create_app(settings: GatewaySettings) -> Starlette:
+    """The gateway app for ``settings``: its upstream pool starts and stops with the app.
+
+    Reads the API key and the admin key (their files or the environment) here, in the
+    process that serves.
+
+    Raises:
+        OSError, ValueError: a key file cannot be read or holds no usable key.
+    """
+    metrics = GatewayMetrics()
+    pool = UpstreamPool(
+        settings.targets,
+        admin_key=settings.admin_key(),
+        timeout_s=settings.timeout_s,
+        metrics=metrics,
+    )
+    gateway = Gateway(settings, pool, metrics, settings.api_key())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await pool.start()
+        log.info(
+            "gateway listening on %s:%s in front of %s (%d of %d upstreams ready; API key %s)",
+            settings.host,
+            settings.port,
+            ", ".join(settings.upstreams),
+            sum(u.ready for u in pool.upstreams.values()),
+            len(pool.upstreams),
+            "required" if gateway.auth.enabled else "not required: every route is open",
+        )
+        try:
+            yield
+        finally:
+            await pool.stop()
+
+    return build_app(gateway, lifespan=lifespan)
+
+
+def create_app_from_env() -> Starlette:
+    """:func:`create_app` of the settings in :data:`SETTINGS_ENV` (``--workers`` processes)."""
+    return create_app(GatewaySettings.from_json(os.environ[SETTINGS_ENV]))

@@ -1,0 +1,217 @@
+"""The embedding models the upstreams serve, read from their Triton model configs.
+
+An **embedding ensemble** is a READY model whose config is ``platform: "ensemble"`` with the
+outputs ``EMBEDDING`` and ``NUM_TOKENS`` and at least two steps: the first step is its
+tokenizer (``TEXT`` -> ``TOKEN_IDS``), the last its embedder (``TOKEN_IDS`` -> ``EMBEDDING``,
+which the gateway calls directly for token-ID input). What the catalog keeps of each
+(:class:`ModelInfo`):
+
+* from the ensemble's config: ``max_batch_size`` and the ``parameters`` that
+  ``triton-embed repository add`` writes (``served_model_name``: another name clients may use
+  as ``model``, e.g. ``sentence-transformers/all-MiniLM-L6-v2`` for the shipped ``embed``;
+  ``dimension``; ``max_length``, the token budget per text);
+* from its steps' configs: their ``max_batch_size``; the embedder's ``pooling``,
+  ``normalize``, ``dtype`` and ``max_num_batched_tokens`` parameters.
+
+Pooling and normalization are often left empty in the embedder's config ("what the model
+folder states"). The gateway then reads the folder itself when its ``model_path`` is
+absolute or ``pkg://`` and readable on the gateway's host (:func:`folder_facts`, the same
+reader the embedder uses); otherwise they stay unknown.
+
+Clients name a model by its ensemble name or its ``served_model_name`` (:meth:`Catalog.resolve`);
+an ensemble name wins over another model's alias.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("triton_embed.gateway")
+
+EMBEDDING_OUTPUTS = frozenset({"EMBEDDING", "NUM_TOKENS"})
+
+
+def _parameter(config: Mapping[str, Any], key: str) -> str:
+    """A model config parameter's string value ("" when absent)."""
+    value = (config.get("parameters") or {}).get(key) or {}
+    return str(value.get("string_value", "")).strip()
+
+
+def _int_parameter(config: Mapping[str, Any], key: str) -> int | None:
+    """A whole-number parameter (``None`` when absent, empty, 0 or not a number)."""
+    text = _parameter(config, key)
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
+def _max_batch_size(config: Mapping[str, Any] | None, default: int) -> int:
+    """``max_batch_size`` of a config (``default`` when absent or 0)."""
+    if not config:
+        return default
+    return int(config.get("max_batch_size") or 0) or default
+
+
+@dataclass(frozen=True)
+class FolderFacts:
+    """What a model folder states about its vectors (``None``: not known)."""
+
+    pooling: str | None = None
+    normalize: bool | None = None
+
+
+def folder_facts(embedder_config: Mapping[str, Any]) -> FolderFacts:
+    """Pooling and normalization of an embedder step, from its config or its model folder.
+
+    The config's ``pooling`` / ``normalize`` parameters win; empty ones are read from the
+    folder named by ``model_path`` (:func:`triton_embed_server.model_spec.read_model_spec`)
+    when that is an absolute path or ``pkg://`` and readable here. A relative path is
+    relative to the server's model repository, which the gateway does not know. Never
+    raises: what cannot be read stays ``None``.
+    """
+    pooling = _parameter(embedder_config, "pooling").lower() or None
+    normalize_text = _parameter(embedder_config, "normalize").lower()
+    normalize = {"true": True, "1": True, "false": False, "0": False}.get(normalize_text)
+    if pooling is not None and normalize is not None:
+        return FolderFacts(pooling, normalize)
+    model_path = _parameter(embedder_config, "model_path")
+    if not (model_path.startswith("pkg://") or Path(model_path).is_absolute()):
+        return FolderFacts(pooling, normalize)
+    try:
+        from triton_embed_server.model_files import resolve_model_path
+        from triton_embed_server.model_spec import read_model_spec
+
+        spec = read_model_spec(
+            resolve_model_path(model_path),
+            pooling=_parameter(embedder_config, "pooling"),
+            normalize=_parameter(embedder_config, "normalize"),
+        )
+    except Exception as exc:  # a folder on another host, unreadable, or odd: stay unknown
+        log.info(
+            "cannot read the model folder %s here (%s); pooling stays unknown", model_path, exc
+        )
+        return FolderFacts(pooling, normalize)
+    return FolderFacts(spec.pooling.value, spec.normalize)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """One embedding ensemble as the gateway serves it.
+
+    Attributes:
+        name: the ensemble's name (what the gateway sends to Triton).
+        max_batch_size: texts per request to the ensemble.
+        tokenizer: its first step's model name (``TEXT`` -> ``TOKEN_IDS``).
+        tokenizer_max_batch_size: texts per request to the tokenizer step.
+        embedder: its last step's model name (``TOKEN_IDS`` -> ``EMBEDDING``).
+        embedder_max_batch_size: token-ID lists per request to the embedder step.
+        served_model_name: the other name clients may use, or ``None``.
+        dimension: floats per vector, or ``None`` when the config does not say.
+        max_length: the token budget per text, or ``None``.
+        pooling: ``mean``, ``cls``, ``lasttoken``, or ``None`` when unknown.
+        normalize: whether its vectors are L2-normalized, or ``None`` when unknown.
+        dtype: the embedder's ``dtype`` parameter (``float32`` when not stated).
+        max_batch_tokens: the embedder's ``max_num_batched_tokens``, or ``None``.
+    """
+
+    name: str
+    max_batch_size: int
+    tokenizer: str
+    embedder: str
+    tokenizer_max_batch_size: int
+    embedder_max_batch_size: int
+    served_model_name: str | None = None
+    dimension: int | None = None
+    max_length: int | None = None
+    pooling: str | None = None
+    normalize: bool | None = None
+    dtype: str = "float32"
+    max_batch_tokens: int | None = None
+
+    @classmethod
+    def from_configs(
+        cls,
+        config: Mapping[str, Any],
+        step_configs: Mapping[str, Mapping[str, Any]],
+        facts: FolderFacts | None = None,
+    ) -> ModelInfo | None:
+        """The model an ensemble's config describes; ``None`` when it is no embedding ensemble.
+
+        Args:
+            config: the ensemble's config, as ``get_model_config(..., as_json=True)["config"]``.
+            step_configs: configs of other models by name (its steps'; missing ones are
+                read as ``max_batch_size`` equal to the ensemble's and no parameters).
+            facts: the embedder's pooling and normalization (:func:`folder_facts`).
+        """
+        if config.get("platform") != "ensemble":
+            return None
+        outputs = {o.get("name") for o in config.get("output", [])}
+        steps = [s.get("model_name") for s in config.get("ensemble_scheduling", {}).get("step", [])]
+        if not EMBEDDING_OUTPUTS <= outputs or len(steps) < 2 or not all(steps):
+            return None
+        max_batch_size = _max_batch_size(config, 1)
+        tokenizer_config = step_configs.get(steps[0]) or {}
+        embedder_config = step_configs.get(steps[-1]) or {}
+        facts = facts or FolderFacts()
+        return cls(
+            name=str(config["name"]),
+            max_batch_size=max_batch_size,
+            tokenizer=steps[0],
+            embedder=steps[-1],
+            tokenizer_max_batch_size=_max_batch_size(tokenizer_config, max_batch_size),
+            embedder_max_batch_size=_max_batch_size(embedder_config, max_batch_size),
+            served_model_name=_parameter(config, "served_model_name") or None,
+            dimension=_int_parameter(config, "dimension"),
+            max_length=_int_parameter(config, "max_length"),
+            pooling=facts.pooling,
+            normalize=facts.normalize,
+            dtype=_parameter(embedder_config, "dtype") or "float32",
+            max_batch_tokens=_int_parameter(embedder_config, "max_num_batched_tokens"),
+        )
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """The embedding models the ready upstreams serve, by name and by alias.
+
+    Attributes:
+        models: ``{ensemble name: ModelInfo}``.
+        aliases: ``{served_model_name: ensemble name}`` (names that are no ensemble's).
+    """
+
+    models: Mapping[str, ModelInfo] = field(default_factory=dict)
+    aliases: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, infos: Iterable[ModelInfo]) -> Catalog:
+        """The catalog of ``infos``; the first of two models of one name is kept.
+
+        An alias equal to an ensemble's name, or already taken by an earlier model (in name
+        order), is left out.
+        """
+        models: dict[str, ModelInfo] = {}
+        for info in infos:
+            models.setdefault(info.name, info)
+        aliases: dict[str, str] = {}
+        for name in sorted(models):
+            alias = models[name].served_model_name
+            if alias and alias not in models and alias not in aliases:
+                aliases[alias] = name
+        return cls(models=dict(sorted(models.items())), aliases=aliases)
+
+    def resolve(self, name: str) -> ModelInfo | None:
+        """The model called ``name`` (ensemble name or alias), or ``None``."""
+        info = self.models.get(name)
+        if info is None and name in self.aliases:
+            info = self.models.get(self.aliases[name])
+        return info
+
+    def names(self) -> list[str]:
+        """Every name a client may use: the ensemble names, then the aliases."""
+        return [*self.models, *self.aliases]

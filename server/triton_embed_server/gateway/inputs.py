@@ -1,0 +1,174 @@
+"""What a request asks to embed, read and checked: its inputs and its request options.
+
+Both APIs take the same four forms of input (OpenAI's ``input``, TEI's ``inputs``):
+
+* a string: one text;
+* a list of strings: several texts;
+* a list of whole numbers: one input given as token IDs;
+* a list of lists of whole numbers: several inputs given as token IDs.
+
+Texts go to the ensemble as UTF-8; token IDs go to its embedder step as little-endian int32
+(:func:`triton_embed.codec.encode_token_ids`) and are validated there (vocabulary, token
+budget). A request holds at most :data:`~triton_embed_server.gateway.inference.MAX_INPUTS`
+inputs. The options become KServe v2 request parameters through
+:class:`triton_embed.options.RequestOptions`, the one parser of their values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from triton_embed.options import (
+    DIMENSIONS,
+    INPUT_TYPE,
+    RequestOptions,
+    Truncation,
+    parse_dimensions,
+    parse_input_type,
+)
+
+from triton_embed_server.gateway.errors import BadRequest, EmptyInput, TooLarge
+from triton_embed_server.gateway.inference import MAX_INPUTS
+
+#: The largest token ID int32 can carry.
+MAX_TOKEN_ID = 2**31 - 1
+FORMS = "a string, a list of strings, a list of token IDs or a list of token-ID lists"
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """A request's inputs: texts or token-ID lists (one of the two is set).
+
+    Attributes:
+        texts: UTF-8 payloads, one per input.
+        token_ids: token-ID lists, one per input.
+    """
+
+    texts: list[bytes] | None = None
+    token_ids: list[list[int]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.texts if self.texts is not None else self.token_ids or [])
+
+
+def _type_name(value: Any) -> str:
+    return {
+        str: "a string",
+        int: "a number",
+        float: "a number",
+        bool: "a boolean",
+        list: "a list",
+        dict: "an object",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
+
+
+def _token_ids(values: list[Any], where: str) -> list[int]:
+    """``values`` checked as token IDs (whole numbers from 0 to :data:`MAX_TOKEN_ID`).
+
+    Raises:
+        BadRequest: names the first bad element, ``where[j]``.
+    """
+    if not all(type(v) is int and 0 <= v <= MAX_TOKEN_ID for v in values):
+        j, bad = next(
+            (j, v) for j, v in enumerate(values) if type(v) is not int or not 0 <= v <= MAX_TOKEN_ID
+        )
+        raise BadRequest(
+            f"{where}[{j}] is {bad!r}; a token ID is a whole number from 0 to {MAX_TOKEN_ID}",
+            param=where.split("[", 1)[0],
+        )
+    return values
+
+
+def parse_inputs(value: Any, field: str) -> Inputs:
+    """Read ``value`` (the request's ``input`` / ``inputs``) in one of its four forms.
+
+    Args:
+        value: the field's JSON value.
+        field: its name, for messages.
+
+    Raises:
+        BadRequest: another type, a list mixing forms, or a bad token ID (names the
+            element, e.g. ``input[2]``).
+        EmptyInput: an empty list.
+        TooLarge: more than :data:`MAX_INPUTS` inputs.
+    """
+    if isinstance(value, str):
+        return Inputs(texts=[value.encode("utf-8")])
+    if not isinstance(value, list):
+        raise BadRequest(f"'{field}' must be {FORMS}; got {_type_name(value)}", param=field)
+    if not value:
+        raise EmptyInput(f"'{field}' is an empty list; send at least one input", param=field)
+    first = value[0]
+    if isinstance(first, list):
+        _check_count(len(value), field)
+        token_ids = []
+        for i, item in enumerate(value):
+            if not isinstance(item, list):
+                raise BadRequest(
+                    f"{field}[{i}] is {_type_name(item)}; a list that starts with a list of "
+                    "token IDs must hold only lists of token IDs",
+                    param=field,
+                )
+            token_ids.append(_token_ids(item, f"{field}[{i}]"))
+        return Inputs(token_ids=token_ids)
+    if type(first) is int:
+        return Inputs(token_ids=[_token_ids(value, field)])
+    if isinstance(first, str):
+        _check_count(len(value), field)
+        for i, item in enumerate(value):
+            if not isinstance(item, str):
+                raise BadRequest(
+                    f"{field}[{i}] is {_type_name(item)}; a list that starts with a string "
+                    "must hold only strings",
+                    param=field,
+                )
+        return Inputs(texts=[text.encode("utf-8") for text in value])
+    raise BadRequest(f"{field}[0] is {_type_name(first)}; '{field}' must be {FORMS}", param=field)
+
+
+def _check_count(count: int, field: str) -> None:
+    if count > MAX_INPUTS:
+        raise TooLarge(
+            f"'{field}' has {count} inputs; at most {MAX_INPUTS} are allowed per request; "
+            "split them over several requests",
+            param=field,
+            code="too_many_inputs",
+        )
+
+
+def request_parameters(
+    *,
+    truncation: Any = None,
+    truncation_field: str = "truncation",
+    input_type: Any = None,
+    input_type_field: str = INPUT_TYPE,
+    dimensions: Any = None,
+) -> dict[str, Any]:
+    """The KServe v2 request parameters of a request's options (``None``: not set).
+
+    Args:
+        truncation: ``NONE`` / ``END`` / ``START`` / ``CHUNK`` (case-insensitive).
+        truncation_field: the field it came in, for messages.
+        input_type: a prompt name of the model (``query``, ``document``, ...).
+        input_type_field: the field it came in, for messages.
+        dimensions: a whole number >= 1 (the server checks it is one of the model's).
+
+    Raises:
+        BadRequest: a value outside its allowed set (names the field and the values).
+    """
+    try:
+        options = RequestOptions(
+            truncation=None
+            if truncation is None
+            else Truncation.parse(truncation, what=truncation_field),
+            input_type=None
+            if input_type is None
+            else parse_input_type(input_type, what=input_type_field),
+            dimensions=None if dimensions is None else parse_dimensions(dimensions, DIMENSIONS),
+        )
+    except ValueError as exc:
+        field = str(exc).split("=", 1)[0]
+        raise BadRequest(str(exc), param=field) from None
+    return options.to_parameters()

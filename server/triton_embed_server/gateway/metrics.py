@@ -1,0 +1,132 @@
+"""The gateway's own Prometheus metrics, in their own registry, served at ``GET /metrics``.
+
+Families (docs/operations.md, "Metric catalogue"):
+
+* ``triton_embed_gateway_requests_total{route, model, status}``: answered requests; ``route``
+  is the path (``/v1/embeddings``, ``/embed``, ...), ``model`` the ensemble name the request
+  resolved to ("" before a model was known: bad JSON, refused key, unknown model),
+  ``status`` the HTTP status;
+* ``triton_embed_gateway_request_duration_seconds{route}``: histogram of the time from the
+  request's arrival to its answer;
+* ``triton_embed_gateway_in_flight``: requests in the gateway now (what ``--max-in-flight``
+  bounds);
+* ``triton_embed_gateway_upstream_up{upstream}``: 1 while an upstream (``ip:port``) is
+  ready and used, 0 while it is taken out;
+* ``triton_embed_gateway_upstream_retries_total``: upstream calls sent again to another
+  upstream after the first one failed (unreachable, or its queue full).
+
+With ``--workers N`` each worker process has its own registry: a scrape sees one worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+COUNTER = "counter"
+GAUGE = "gauge"
+HISTOGRAM = "histogram"
+#: Request duration buckets, seconds: one short request is a few ms, 2,048 texts seconds.
+DURATION_BUCKETS_S = (
+    0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+_KINDS = {COUNTER: Counter, GAUGE: Gauge, HISTOGRAM: Histogram}
+
+
+def metric(
+    name: str,
+    documentation: str,
+    labels: Sequence[str] = (),
+    *,
+    kind: str,
+    registry: CollectorRegistry,
+    **options: Any,
+) -> Any:
+    """Create one family in ``registry``: a ``prometheus_client`` Counter, Gauge or Histogram.
+
+    Args:
+        name: the family's full name (a counter's ``_total`` included).
+        documentation: its help text.
+        labels: its label names.
+        kind: :data:`COUNTER`, :data:`GAUGE` or :data:`HISTOGRAM`.
+        registry: where it is registered.
+        **options: passed on (``buckets=`` of a histogram).
+    """
+    return _KINDS[kind](name, documentation, labels, registry=registry, **options)
+
+
+class GatewayMetrics:
+    """The gateway's families in a registry of their own.
+
+    Attributes:
+        registry: the ``CollectorRegistry`` ``/metrics`` renders.
+    """
+
+    def __init__(self) -> None:
+        disable_created_metrics()  # no *_created series: the gateway is a process of its own
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = metric(
+            "triton_embed_gateway_requests_total",
+            "Requests answered by the gateway, by route, resolved model and HTTP status.",
+            ("route", "model", "status"),
+            kind="counter",
+            registry=r,
+        )
+        self.duration = metric(
+            "triton_embed_gateway_request_duration_seconds",
+            "Seconds from a request's arrival at the gateway to its answer.",
+            ("route",),
+            kind="histogram",
+            registry=r,
+            buckets=DURATION_BUCKETS_S,
+        )
+        self.in_flight = metric(
+            "triton_embed_gateway_in_flight",
+            "Requests in the gateway now.",
+            kind="gauge",
+            registry=r,
+        )
+        self.upstream_up = metric(
+            "triton_embed_gateway_upstream_up",
+            "1 while the upstream (ip:port) is ready and used, 0 while it is taken out.",
+            ("upstream",),
+            kind="gauge",
+            registry=r,
+        )
+        self.retries = metric(
+            "triton_embed_gateway_upstream_retries_total",
+            "Upstream calls sent again to another upstream after the first one failed.",
+            kind="counter",
+            registry=r,
+        )
+
+    def observe(self, route: str, model: str, status: int, seconds: float) -> None:
+        """Count one answered request."""
+        self.requests.labels(route, model, str(status)).inc()
+        self.duration.labels(route).observe(seconds)
+
+    def set_upstream(self, upstream: str, up: bool) -> None:
+        """Record whether ``upstream`` is in use."""
+        self.upstream_up.labels(upstream).set(1 if up else 0)
+
+    def forget_upstream(self, upstream: str) -> None:
+        """Drop the series of an upstream that DNS no longer returns."""
+        try:
+            self.upstream_up.remove(upstream)
+        except KeyError:
+            pass
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

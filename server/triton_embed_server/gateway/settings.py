@@ -1,0 +1,112 @@
+"""The gateway's settings: parsed once from the command line, validated, passed as one object.
+
+The flags and their defaults are defined once, in :func:`triton_embed.cli.add_gateway_args`
+(``triton-embed gateway`` and ``python -m triton_embed_server.gateway`` share them). Keys
+are not settings: the settings name the files (``--api-key-file``, ``--admin-key-file``)
+and each process reads them (:meth:`GatewaySettings.api_key`, :meth:`~GatewaySettings.admin_key`),
+so the settings can travel to ``--workers`` processes as JSON without a secret in them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from triton_embed.admin import read_admin_key, read_key_file
+
+from triton_embed_server.gateway.auth import load_api_key
+from triton_embed_server.gateway.upstreams import Target, parse_upstreams
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """How one gateway runs.
+
+    Attributes:
+        upstreams: ``HOST:PORT`` gRPC addresses of the Triton servers (host names are
+            resolved to all their addresses, again every few seconds).
+        host: the address to listen on.
+        port: the port to listen on.
+        api_key_file: file holding the key clients must send (``None``: the environment
+            variable ``TRITON_EMBED_GATEWAY_API_KEY``, else no key).
+        admin_key_file: file holding the servers' admin key (``None``: where
+            :func:`triton_embed.admin.read_admin_key` looks).
+        max_body_mb: the largest request body, MiB.
+        max_in_flight: requests handled at once; more are answered 429.
+        default_model: the model of the TEI routes.
+        timeout_s: deadline of one upstream call, seconds.
+        workers: uvicorn worker processes.
+    """
+
+    upstreams: tuple[str, ...]
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_key_file: str | None = None
+    admin_key_file: str | None = None
+    max_body_mb: float = 16.0
+    max_in_flight: int = 512
+    default_model: str = "embed"
+    timeout_s: float = 60.0
+    workers: int = 1
+
+    def __post_init__(self) -> None:
+        parse_upstreams(self.upstreams)  # raises ValueError naming a bad entry
+        if not self.max_body_mb > 0 or not self.max_in_flight >= 1 or not self.timeout_s > 0:
+            raise ValueError("max_body_mb, max_in_flight and timeout_s must be > 0")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> GatewaySettings:
+        """The settings of parsed ``add_gateway_args`` flags."""
+        return cls(
+            upstreams=tuple(args.upstream),
+            host=args.host,
+            port=args.port,
+            api_key_file=None if args.api_key_file is None else str(args.api_key_file),
+            admin_key_file=None if args.admin_key_file is None else str(args.admin_key_file),
+            max_body_mb=args.max_body_mb,
+            max_in_flight=args.max_in_flight,
+            default_model=args.default_model,
+            timeout_s=args.timeout_s,
+            workers=args.workers,
+        )
+
+    def to_json(self) -> str:
+        """The settings as JSON (no keys in it)."""
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> GatewaySettings:
+        """Settings written by :meth:`to_json`."""
+        data = json.loads(text)
+        data["upstreams"] = tuple(data["upstreams"])
+        return cls(**data)
+
+    @property
+    def targets(self) -> list[Target]:
+        """The upstream entries, parsed."""
+        return parse_upstreams(self.upstreams)
+
+    @property
+    def max_body_bytes(self) -> int:
+        """:attr:`max_body_mb` in bytes."""
+        return int(self.max_body_mb * 2**20)
+
+    def api_key(self) -> str | None:
+        """The key clients must send, or ``None`` (:func:`~.auth.load_api_key`).
+
+        Raises:
+            OSError, ValueError: the file cannot be read or holds no usable key.
+        """
+        return load_api_key(None if self.api_key_file is None else Path(self.api_key_file))
+
+    def admin_key(self) -> str | None:
+        """The servers' admin key, or ``None`` when none is configured.
+
+        Raises:
+            OSError, ValueError: the file cannot be read or holds no usable key.
+        """
+        if self.admin_key_file is not None:
+            return read_key_file(Path(self.admin_key_file))
+        return read_admin_key()

@@ -1,0 +1,242 @@
+"""text-embeddings-inference's API: ``/embed``, ``/tokenize``, ``/info``, ``/health``.
+
+The request and response shapes are TEI's (``router/src/http/types.rs`` and ``server.rs`` of
+huggingface/text-embeddings-inference; its OpenAPI at
+https://huggingface.github.io/text-embeddings-inference/), so TEI clients work unchanged.
+TEI serves one model; these routes use the gateway's default model (``--default-model``).
+
+* ``POST /embed`` ``{"inputs", "normalize", "truncate", "truncation_direction",
+  "prompt_name", "dimensions"}`` -> ``[[float, ...], ...]`` (one vector per input, also for
+  a single string). ``inputs`` takes the same four forms as OpenAI's ``input``.
+  ``truncate`` (default false) maps to the request parameter ``truncation``: ``NONE``, or
+  with ``true`` ``END`` (``truncation_direction`` ``Right``, the default) or ``START``
+  (``Left``). ``prompt_name`` is ``input_type``. ``normalize`` (default true): vectors of a
+  model that does not normalize are L2-normalized here; ``false`` on a model whose vectors
+  are normalized by the model itself is 400 (they cannot be un-normalized). When the
+  gateway cannot tell whether the model normalizes, ``false`` returns the vectors as the
+  server made them.
+* ``POST /tokenize`` ``{"inputs", "add_special_tokens", "prompt_name"}`` ->
+  ``[[{"id", "text", "special", "start", "stop"}, ...], ...]``: the IDs the model's
+  tokenizer step makes (``truncation=NONE``: all of them, or 400 past the token budget).
+  The step returns IDs only, so ``text``, ``special``, ``start`` and ``stop`` are ``null``
+  (TEI fills them from the tokenizer's offsets). ``add_special_tokens: false`` is 400: the
+  step always adds the model's special tokens.
+* ``GET /info``: TEI's ``Info`` object from the model's config.
+* ``GET /health``: 200 (empty body) while at least one upstream is ready, else 503.
+
+Unknown fields are 400 (TEI ignores them; a misspelt option is better refused).
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from triton_embed.options import Truncation
+
+from triton_embed_server.gateway import inference
+from triton_embed_server.gateway.body import read_json
+from triton_embed_server.gateway.catalog import ModelInfo
+from triton_embed_server.gateway.errors import BadRequest, Unavailable
+from triton_embed_server.gateway.inputs import FORMS, Inputs, parse_inputs, request_parameters
+
+if TYPE_CHECKING:
+    from triton_embed_server.gateway.app import Gateway, RequestState
+
+EMBED_FIELDS = (
+    "inputs",
+    "normalize",
+    "truncate",
+    "truncation_direction",
+    "prompt_name",
+    "dimensions",
+)
+TOKENIZE_FIELDS = ("inputs", "add_special_tokens", "prompt_name")
+DIRECTIONS = {"right": Truncation.END, "left": Truncation.START}
+JSON = "application/json"
+
+
+def _object(body: Any, fields: tuple[str, ...]) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    unknown = [k for k in body if k not in fields]
+    if unknown:
+        raise BadRequest(f"unknown field '{unknown[0]}'; the fields are {', '.join(fields)}")
+    return body
+
+
+def _flag(body: dict[str, Any], field: str, default: bool) -> bool:
+    value = body.get(field)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise BadRequest(f"'{field}' must be true or false, got {value!r}")
+    return value
+
+
+def _inputs(value: Any) -> Inputs:
+    if value is None:
+        raise BadRequest(f"'inputs' is required: {FORMS}")
+    return parse_inputs(value, "inputs")
+
+
+def parse_embed_request(body: Any, model: ModelInfo) -> tuple[Inputs, dict[str, Any], bool]:
+    """Read a ``POST /embed`` body for ``model``.
+
+    Returns:
+        The inputs, the request parameters, and whether the gateway must L2-normalize the
+        vectors (``normalize`` asked for and the model not known to normalize).
+
+    Raises:
+        BadRequest: a malformed field, or ``normalize: false`` on a normalizing model.
+        EmptyInput, TooLarge: no inputs, or more than 2,048.
+    """
+    body = _object(body, EMBED_FIELDS)
+    inputs = _inputs(body.get("inputs"))
+    normalize = _flag(body, "normalize", True)
+    truncate = _flag(body, "truncate", False)
+    direction = body.get("truncation_direction")
+    direction = "right" if direction is None else direction
+    if not isinstance(direction, str) or direction.lower() not in DIRECTIONS:
+        raise BadRequest(f"'truncation_direction' must be 'Left' or 'Right', got {direction!r}")
+    if not normalize and model.normalize is True:
+        raise BadRequest(
+            f"normalize=false cannot be served: the vectors of model {model.name!r} are "
+            "normalized by the model itself (its pooling ends with a Normalize module); send "
+            "normalize=true or leave it out"
+        )
+    prompt_name = body.get("prompt_name")
+    if inputs.token_ids is not None:
+        for field, value in (("truncate", truncate or None), ("prompt_name", prompt_name)):
+            if value is not None:
+                raise BadRequest(
+                    f"'{field}' applies to text input; token IDs are embedded as given (send "
+                    "text, or leave it out)"
+                )
+        truncation = None
+    else:
+        truncation = DIRECTIONS[direction.lower()] if truncate else Truncation.NONE
+    parameters = request_parameters(
+        truncation=truncation,
+        input_type=prompt_name,
+        input_type_field="prompt_name",
+        dimensions=body.get("dimensions"),
+    )
+    return inputs, parameters, normalize and model.normalize is not True
+
+
+def l2_normalized(matrix: np.ndarray) -> np.ndarray:
+    """Rows of ``matrix`` divided by their L2 norm (zero rows stay zero), float32."""
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    return (matrix / np.where(norms == 0, 1, norms)).astype(np.float32, copy=False)
+
+
+async def embed(gateway: Gateway, request: Request, state: RequestState) -> Response:
+    """``POST /embed``."""
+    body = await read_json(request, gateway.max_body_bytes)
+    model = gateway.model(gateway.default_model)
+    state.model = model.name
+    inputs, parameters, normalize = parse_embed_request(body, model)
+    if inputs.texts is not None:
+        result = await inference.embed_texts(gateway.pool, model, inputs.texts, parameters)
+    else:
+        result = await inference.embed_token_ids(
+            gateway.pool, model, inputs.token_ids or [], parameters
+        )
+    matrix = result.matrix()
+    if normalize:
+        matrix = l2_normalized(matrix)
+    return Response(orjson.dumps(matrix, option=orjson.OPT_SERIALIZE_NUMPY), media_type=JSON)
+
+
+def parse_tokenize_request(body: Any) -> tuple[list[bytes], dict[str, Any]]:
+    """Read a ``POST /tokenize`` body: the texts and the request parameters.
+
+    Raises:
+        BadRequest: a malformed field, token IDs as input, or ``add_special_tokens: false``.
+        EmptyInput, TooLarge: no inputs, or more than 2,048.
+    """
+    body = _object(body, TOKENIZE_FIELDS)
+    inputs = _inputs(body.get("inputs"))
+    if inputs.texts is None:
+        raise BadRequest("'inputs' of /tokenize must be a string or a list of strings")
+    if not _flag(body, "add_special_tokens", True):
+        raise BadRequest(
+            "add_special_tokens=false is not supported: the model's tokenizer step always "
+            "adds its special tokens"
+        )
+    parameters = request_parameters(
+        truncation=Truncation.NONE,
+        input_type=body.get("prompt_name"),
+        input_type_field="prompt_name",
+    )
+    return inputs.texts, parameters
+
+
+async def tokenize(gateway: Gateway, request: Request, state: RequestState) -> Response:
+    """``POST /tokenize``."""
+    body = await read_json(request, gateway.max_body_bytes)
+    model = gateway.model(gateway.default_model)
+    state.model = model.name
+    texts, parameters = parse_tokenize_request(body)
+    token_ids = await inference.tokenize(gateway.pool, model, texts, parameters)
+    tokens = [
+        [{"id": i, "text": None, "special": None, "start": None, "stop": None} for i in ids]
+        for ids in token_ids
+    ]
+    return Response(orjson.dumps(tokens), media_type=JSON)
+
+
+def version() -> str:
+    """The installed ``triton-embed`` version ("unknown" when not installed)."""
+    try:
+        return metadata.version("triton-embed")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def render_info(gateway: Gateway, model: ModelInfo) -> dict[str, Any]:
+    """TEI's ``Info`` for ``model``; what the config does not state is ``null`` or left out."""
+    info: dict[str, Any] = {
+        "model_id": model.served_model_name or model.name,
+        "model_sha": None,
+        "model_dtype": model.dtype,
+        "served_model_name": model.name,
+    }
+    if model.pooling is not None:
+        info["model_type"] = {"embedding": {"pooling": model.pooling}}
+    info.update(
+        {
+            "max_concurrent_requests": gateway.max_in_flight,
+            "max_input_length": model.max_length,
+            "max_batch_tokens": model.max_batch_tokens,
+            "max_batch_requests": model.max_batch_size,
+            "max_client_batch_size": inference.MAX_INPUTS,
+            "auto_truncate": False,
+            "tokenization_workers": None,
+            "version": version(),
+            "sha": None,
+            "docker_label": None,
+            "dimension": model.dimension,
+            "normalize": model.normalize,
+        }
+    )
+    return info
+
+
+async def info(gateway: Gateway, request: Request, state: RequestState) -> Response:
+    """``GET /info``."""
+    model = gateway.model(gateway.default_model)
+    state.model = model.name
+    return Response(orjson.dumps(render_info(gateway, model)), media_type=JSON)
+
+
+async def health(gateway: Gateway, request: Request, state: RequestState) -> Response:
+    """``GET /health``: 200 while an upstream is ready, else 503 (TEI's ``Unhealthy``)."""
+    if not gateway.pool.any_ready():
+        raise Unavailable("no upstream is ready")
+    return Response(b"", status_code=200)

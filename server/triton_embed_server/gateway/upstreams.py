@@ -1,0 +1,505 @@
+"""The upstream Triton servers: addresses, health, the model catalog, choice and retry.
+
+``--upstream HOST:PORT[,HOST:PORT...]`` names gRPC endpoints. A host name is resolved again
+every :data:`RESOLVE_INTERVAL_S` seconds to all its A/AAAA records, so the pods behind a
+headless Kubernetes Service come and go with DNS; each address is one :class:`Upstream`
+with one ``tritonclient.grpc.aio.InferenceServerClient`` (one channel, reused by every
+request).
+
+Every :data:`HEALTH_INTERVAL_S` seconds each upstream is checked: ``is_server_ready``, then
+the models it has READY (the repository index) and their configs (both restricted APIs:
+sent with the admin key, :mod:`triton_embed.admin`). The configs become the
+:class:`~triton_embed_server.gateway.catalog.Catalog`.
+
+A request's upstream is the ready one that has the model READY with the fewest requests
+outstanding from this gateway (least outstanding requests; ties rotate). A call that fails
+because its upstream is unreachable (gRPC ``UNAVAILABLE`` other than a queue refusal, a
+broken connection) takes that upstream out at once, and the call is sent once more to
+another upstream (embedding is idempotent); the next health check puts the upstream back
+when it answers ready again. A queue refusal ("Exceeds maximum queue size") is sent once
+more to another upstream too, without taking the refusing one out. A model the upstream no
+longer has (gRPC ``NOT_FOUND``) is dropped from its models and the call goes elsewhere.
+Every other error (bad input, deadline) is final.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import socket
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from triton_embed.admin import grpc_headers, is_refused
+from triton_embed.errors import QUEUE_FULL
+
+from triton_embed_server.gateway import tensors
+from triton_embed_server.gateway.catalog import Catalog, FolderFacts, ModelInfo, folder_facts
+from triton_embed_server.gateway.errors import (
+    Unavailable,
+    is_connection_failure,
+    is_model_missing,
+    is_queue_refusal,
+    upstream_message,
+)
+from triton_embed_server.gateway.metrics import GatewayMetrics
+
+log = logging.getLogger("triton_embed.gateway")
+
+#: Seconds between health checks of every upstream.
+HEALTH_INTERVAL_S = 2.0
+#: Seconds between DNS resolutions of the upstream host names.
+RESOLVE_INTERVAL_S = 5.0
+#: Seconds one health-check call may take.
+HEALTH_TIMEOUT_S = 2.0
+#: Seconds after which an upstream's model configs are read again (a reload may change them).
+CONFIG_REFRESH_S = 30.0
+#: Seconds a removed upstream's channel stays open for the calls still on it.
+CLOSE_GRACE_S = 30.0
+#: The largest gRPC message either way (Triton's and tritonclient's limit, INT32_MAX).
+MAX_MESSAGE_BYTES = 2**31 - 1
+#: gRPC channel arguments: messages as large as Triton allows, and a short reconnect backoff
+#: (gRPC's default grows from 1 s to 120 s, which would keep a restarted server out for
+#: minutes; docs/operations.md, "A dead tritonserver").
+CHANNEL_ARGS = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.initial_reconnect_backoff_ms", 500),
+    ("grpc.min_reconnect_backoff_ms", 500),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One ``--upstream`` entry: a host (name or IP) and a gRPC port."""
+
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str) -> Target:
+        """Parse ``host:port`` (an IPv6 address in brackets: ``[::1]:8001``).
+
+        Raises:
+            ValueError: no port, a port outside 1-65535, or an empty host (names the entry).
+        """
+        entry = text.strip()
+        host, sep, port_text = entry.rpartition(":")
+        if entry.startswith("["):
+            host = host.removeprefix("[").removesuffix("]")
+        problem = None
+        if not sep or not host or ":" in host and not entry.startswith("["):
+            problem = "is not HOST:PORT (an IPv6 address goes in brackets: [::1]:8001)"
+        elif not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+            problem = f"has port {port_text!r}; a port is a number from 1 to 65535"
+        if problem:
+            raise ValueError(f"upstream {entry!r} {problem}")
+        return cls(host, int(port_text))
+
+    @property
+    def is_ip(self) -> bool:
+        """Whether ``host`` is an IP address (no DNS resolution needed)."""
+        try:
+            ipaddress.ip_address(self.host)
+        except ValueError:
+            return False
+        return True
+
+    def __str__(self) -> str:
+        return address(self.host, self.port)
+
+
+def address(ip: str, port: int) -> str:
+    """``ip:port`` as gRPC dials it (``[ip]:port`` for IPv6)."""
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+def parse_upstreams(values: str | Sequence[str]) -> list[Target]:
+    """Targets of one or more comma-separated ``HOST:PORT`` lists, duplicates dropped.
+
+    Raises:
+        ValueError: an entry is malformed, or there is none.
+    """
+    texts = [values] if isinstance(values, str) else list(values)
+    targets: list[Target] = []
+    for text in texts:
+        for entry in text.split(","):
+            if entry.strip():
+                target = Target.parse(entry)
+                if target not in targets:
+                    targets.append(target)
+    if not targets:
+        raise ValueError("no upstream given: pass --upstream HOST:PORT[,HOST:PORT...]")
+    return targets
+
+
+def grpc_client(url: str) -> Any:
+    """A ``tritonclient.grpc.aio.InferenceServerClient`` for ``url`` (:data:`CHANNEL_ARGS`)."""
+    from tritonclient.grpc.aio import InferenceServerClient
+
+    return InferenceServerClient(url, channel_args=list(CHANNEL_ARGS))
+
+
+class Upstream:
+    """One upstream Triton server, as the gateway sees it.
+
+    Attributes:
+        address: ``ip:port`` dialled.
+        target: the ``--upstream`` entry it came from.
+        client: its ``tritonclient.grpc.aio.InferenceServerClient``.
+        ready: whether it is in use (ready at the last check, no failure since).
+        models: names of the models it had READY at the last check.
+        configs: ``{model name: config}`` of those models.
+        outstanding: calls this gateway has on it now.
+    """
+
+    def __init__(self, address: str, target: Target, client: Any):
+        self.address = address
+        self.target = target
+        self.client = client
+        self.ready = False
+        self.models: frozenset[str] = frozenset()
+        self.configs: dict[str, dict[str, Any]] = {}
+        self.configs_read_at = 0.0
+        self.outstanding = 0
+        self.problem = "not checked yet"
+
+    def __repr__(self) -> str:
+        state = "ready" if self.ready else f"out ({self.problem})"
+        return f"Upstream({self.address}, {state}, outstanding={self.outstanding})"
+
+
+class UpstreamPool:
+    """The upstreams of one gateway: health, catalog, least-outstanding choice, one retry.
+
+    Args:
+        targets: the ``--upstream`` entries.
+        admin_key: the servers' admin key (for the repository index and configs), or ``None``.
+        timeout_s: deadline of one inference call, seconds.
+        metrics: where upstream health and retries are counted.
+        client_factory: ``url -> InferenceServerClient`` (tests pass a fake).
+        resolver: ``async (host, port) -> [ip, ...]`` (tests pass a fake).
+        facts_reader: ``embedder config -> FolderFacts`` (:func:`folder_facts`).
+    """
+
+    def __init__(
+        self,
+        targets: Sequence[Target],
+        *,
+        admin_key: str | None,
+        timeout_s: float,
+        metrics: GatewayMetrics,
+        client_factory: Callable[[str], Any] = grpc_client,
+        resolver: Callable[[str, int], Awaitable[list[str]]] | None = None,
+        facts_reader: Callable[[Mapping[str, Any]], FolderFacts] = folder_facts,
+        health_interval_s: float = HEALTH_INTERVAL_S,
+        resolve_interval_s: float = RESOLVE_INTERVAL_S,
+    ):
+        self.targets = list(targets)
+        self.timeout_s = timeout_s
+        self.metrics = metrics
+        self._headers = grpc_headers(admin_key) or None
+        self._client_factory = client_factory
+        self._resolver = resolver or resolve
+        self._facts_reader = facts_reader
+        self._facts: dict[tuple[str, str, str], FolderFacts] = {}
+        self.health_interval_s = health_interval_s
+        self.resolve_interval_s = resolve_interval_s
+        self.upstreams: dict[str, Upstream] = {}
+        self.catalog = Catalog()
+        self._turn = 0
+        self._resolved_at = float("-inf")
+        self._task: asyncio.Task | None = None
+        self._closing: set[asyncio.Task] = set()
+        self._warned_key = False
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Resolve and check every upstream once, then keep doing so in the background."""
+        await self.refresh()
+        self._task = asyncio.create_task(self._loop(), name="upstream-health")
+
+    async def stop(self) -> None:
+        """Stop the checks and close every channel."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for task in list(self._closing):
+            task.cancel()
+        for upstream in self.upstreams.values():
+            await _close(upstream.client)
+        self.upstreams.clear()
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval_s)
+            try:
+                await self.refresh()
+            except Exception:  # the loop must survive anything; say what happened
+                log.exception("upstream health check failed")
+
+    async def refresh(self) -> None:
+        """One round: resolve the host names when due, check every upstream, rebuild the catalog."""
+        if time.monotonic() - self._resolved_at >= self.resolve_interval_s:
+            await self._resolve_all()
+        await asyncio.gather(*(self._check(u) for u in list(self.upstreams.values())))
+        self._rebuild_catalog()
+
+    # ---- addresses ----------------------------------------------------------------------
+
+    async def _resolve_all(self) -> None:
+        self._resolved_at = time.monotonic()
+        wanted: dict[str, Target] = {}
+        for target in self.targets:
+            if target.is_ip:
+                ips = [target.host]
+            else:
+                try:
+                    ips = await self._resolver(target.host, target.port)
+                except OSError as exc:
+                    log.warning(
+                        "cannot resolve upstream %s (%s); keeping its addresses", target, exc
+                    )
+                    ips = [u.address for u in self.upstreams.values() if u.target == target]
+                    wanted.update({a: target for a in ips})
+                    continue
+            wanted.update({address(ip, target.port): target for ip in ips})
+        for addr, target in wanted.items():
+            if addr not in self.upstreams:
+                self.upstreams[addr] = Upstream(addr, target, self._client_factory(addr))
+                self.metrics.set_upstream(addr, False)
+                log.info("upstream %s (from %s) added", addr, target)
+        for addr in [a for a in self.upstreams if a not in wanted]:
+            upstream = self.upstreams.pop(addr)
+            self.metrics.forget_upstream(addr)
+            log.info("upstream %s removed: %s no longer resolves to it", addr, upstream.target)
+            task = asyncio.create_task(_close_later(upstream.client, CLOSE_GRACE_S))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    # ---- health -------------------------------------------------------------------------
+
+    async def _check(self, upstream: Upstream) -> None:
+        client = upstream.client
+        try:
+            if not await client.is_server_ready(client_timeout=HEALTH_TIMEOUT_S):
+                self._set_out(upstream, "not ready")
+                return
+            index = await client.get_model_repository_index(
+                headers=self._headers, as_json=True, client_timeout=HEALTH_TIMEOUT_S
+            )
+            models = frozenset(
+                m["name"] for m in index.get("models", []) if m.get("state") == "READY"
+            )
+            stale = time.monotonic() - upstream.configs_read_at >= CONFIG_REFRESH_S
+            wanted = models if stale else models - upstream.configs.keys()
+            configs = {k: v for k, v in upstream.configs.items() if k in models}
+            for name in sorted(wanted):
+                config = await client.get_model_config(
+                    name, headers=self._headers, as_json=True, client_timeout=HEALTH_TIMEOUT_S
+                )
+                configs[name] = config.get("config", {})
+        except Exception as exc:  # tritonclient errors, a closed channel
+            message = upstream_message(exc)
+            if is_refused(message) and not self._warned_key:
+                self._warned_key = True
+                log.error(
+                    "upstream %s refused to list its models: the gateway needs the servers' "
+                    "admin key (TRITON_EMBED_ADMIN_KEY, TRITON_EMBED_ADMIN_KEY_FILE, "
+                    "--admin-key-file, or the default key file of the user running it)",
+                    upstream.address,
+                )
+            self._set_out(upstream, " ".join(message.split())[:300])
+            return
+        if stale:
+            upstream.configs_read_at = time.monotonic()
+        upstream.configs = configs
+        upstream.models = models
+        if not upstream.ready:
+            names = ", ".join(sorted(models)) or "none"
+            log.info("upstream %s is ready (models READY: %s)", upstream.address, names)
+        upstream.ready = True
+        upstream.problem = ""
+        self.metrics.set_upstream(upstream.address, True)
+
+    def _set_out(self, upstream: Upstream, problem: str) -> None:
+        """Take ``upstream`` out of use until a health check finds it ready."""
+        if upstream.ready or upstream.problem != problem:
+            log.warning("upstream %s taken out: %s", upstream.address, problem)
+        upstream.ready = False
+        upstream.problem = problem
+        self.metrics.set_upstream(upstream.address, False)
+
+    def _rebuild_catalog(self) -> None:
+        infos = []
+        for upstream in sorted(self.upstreams.values(), key=lambda u: u.address):
+            if not upstream.ready:
+                continue
+            for name in sorted(upstream.configs):
+                info = ModelInfo.from_configs(
+                    upstream.configs[name], upstream.configs, self._embedder_facts(upstream, name)
+                )
+                if info is not None:
+                    infos.append(info)
+        self.catalog = Catalog.build(infos)
+
+    def _embedder_facts(self, upstream: Upstream, name: str) -> FolderFacts | None:
+        """Pooling and normalization of ensemble ``name``'s embedder (cached per config)."""
+        steps = upstream.configs[name].get("ensemble_scheduling", {}).get("step", [])
+        embedder = upstream.configs.get(steps[-1].get("model_name", "")) if steps else None
+        if not embedder:
+            return None
+        params = embedder.get("parameters") or {}
+        key = tuple(
+            str((params.get(k) or {}).get("string_value", ""))
+            for k in ("model_path", "pooling", "normalize")
+        )
+        if key not in self._facts:
+            self._facts[key] = self._facts_reader(embedder)
+        return self._facts[key]
+
+    # ---- requests -----------------------------------------------------------------------
+
+    def any_ready(self) -> bool:
+        """Whether at least one upstream is ready."""
+        return any(u.ready for u in self.upstreams.values())
+
+    def choose(self, model: str, exclude: Sequence[Upstream] = ()) -> Upstream | None:
+        """The ready upstream with ``model`` READY and the fewest calls outstanding.
+
+        Ties go to the next upstream in turn, so equal upstreams share the load.
+        """
+        candidates = [
+            u for u in self.upstreams.values() if u.ready and model in u.models and u not in exclude
+        ]
+        if not candidates:
+            return None
+        self._turn = (self._turn + 1) % len(candidates)
+        rotated = candidates[self._turn :] + candidates[: self._turn]
+        return min(rotated, key=lambda u: u.outstanding)
+
+    async def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, Sequence[bytes]],
+        outputs: Sequence[str],
+        parameters: Mapping[str, Any] | None = None,
+    ) -> dict[str, bytes]:
+        """One inference call, on the best upstream, sent once more elsewhere if it fails.
+
+        Args:
+            model: the model to call (an ensemble or one of its steps).
+            inputs: ``{input name: n BYTES elements}``, sent as ``[n, 1]`` tensors.
+            outputs: the outputs to ask for.
+            parameters: KServe v2 request parameters.
+
+        Returns:
+            ``{output name: raw bytes}`` (:func:`~triton_embed_server.gateway.tensors.raw_outputs`).
+
+        Raises:
+            Unavailable: no ready upstream has ``model`` READY.
+            Exception: the ``tritonclient`` error of the last attempt (the caller maps it,
+                :func:`~triton_embed_server.gateway.errors.from_upstream`).
+        """
+        from tritonclient.grpc import InferRequestedOutput
+        from tritonclient.utils import InferenceServerException
+
+        tensors_in = [tensors.bytes_input(name, elements) for name, elements in inputs.items()]
+        requested = [InferRequestedOutput(name) for name in outputs]
+        tried: list[Upstream] = []
+        error: BaseException | None = None
+        for attempt in range(2):
+            upstream = self.choose(model, exclude=tried)
+            if upstream is None:
+                break
+            if attempt:
+                self.metrics.retries.inc()
+            tried.append(upstream)
+            upstream.outstanding += 1
+            try:
+                result = await upstream.client.infer(
+                    model,
+                    tensors_in,
+                    outputs=requested,
+                    parameters=dict(parameters) if parameters else None,
+                    client_timeout=self.timeout_s,
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                error = exc
+                if not self._may_retry(upstream, model, exc):
+                    raise
+                continue
+            finally:
+                upstream.outstanding -= 1
+            return tensors.raw_outputs(result.get_response())
+        if isinstance(error, InferenceServerException):
+            raise error
+        if error is not None:  # a channel closed under the call: the upstream was removed
+            raise Unavailable(f"no upstream could take the call: {error}")
+        if not self.any_ready():
+            raise Unavailable("no upstream is ready; retry later")
+        raise Unavailable(f"no ready upstream has the model {model!r} READY; retry later")
+
+    def _may_retry(self, upstream: Upstream, model: str, exc: BaseException) -> bool:
+        """Whether a failed call may go to another upstream; takes a dead upstream out."""
+        if is_queue_refusal(exc):
+            return QUEUE_FULL in upstream_message(exc)  # a queue timeout already waited 30 s
+        if is_model_missing(exc):
+            upstream.models = upstream.models - {model}
+            return True
+        if _is_closed_channel(exc):  # the upstream was removed while the call started
+            return True
+        if is_connection_failure(exc):
+            self._set_out(upstream, " ".join(upstream_message(exc).split())[:300])
+            return True
+        return False
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Every upstream's state, for logs and tests."""
+        return [
+            {
+                "address": u.address,
+                "target": str(u.target),
+                "ready": u.ready,
+                "models": sorted(u.models),
+                "outstanding": u.outstanding,
+                "problem": u.problem,
+            }
+            for u in self.upstreams.values()
+        ]
+
+
+async def resolve(host: str, port: int) -> list[str]:
+    """Every IPv4 and IPv6 address of ``host`` (A and AAAA records), sorted.
+
+    Raises:
+        OSError: the name does not resolve.
+    """
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return sorted({str(info[4][0]) for info in infos})
+
+
+def _is_closed_channel(exc: BaseException) -> bool:
+    """A call on a channel already closed (``grpc.aio.UsageError``)."""
+    import grpc
+
+    return isinstance(exc, grpc.aio.UsageError)
+
+
+async def _close(client: Any) -> None:
+    with contextlib.suppress(Exception):
+        await client.close()
+
+
+async def _close_later(client: Any, delay_s: float) -> None:
+    await asyncio.sleep(delay_s)
+    await _close(client)

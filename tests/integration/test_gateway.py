@@ -1,0 +1,309 @@
+"""The HTTP gateway in front of a real tritonserver, driven by the real clients RAG code uses.
+
+A real gateway process (``python -m triton_embed_server.gateway``, an API key, a free loopback
+port) in front of the session ``server``; the official ``openai`` SDK and LangChain's
+``OpenAIEmbeddings`` must get the vectors of the gRPC path (``EmbeddingClient``): bit for bit
+through base64, equal float32 values through ``float``. Every error status comes from a real
+request. TEI's routes answer in TEI's shapes.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+from triton_embed import EmbeddingClient
+from triton_embed_server.launcher import free_port
+
+from tests.helpers import COSINE_MIN, DIM, MAX_LENGTH, cosines
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+API_KEY = "gateway-test-key-5f1c0e"
+ALIAS = "sentence-transformers/all-MiniLM-L6-v2"
+READY_TIMEOUT_S = 60.0
+
+
+def texts(n: int, start: int = 0) -> list[str]:
+    """``n`` distinct short texts."""
+    topics = ("the sea", "a cat on a mat", "tax law", "graph theory", "bread", "the moon")
+    return [f"text {i} is about {topics[i % len(topics)]}" for i in range(start, start + n)]
+
+
+class Gateway:
+    """A gateway subprocess on a free loopback port; stopped by :meth:`stop`."""
+
+    def __init__(self, server, api_key: str | None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(tempfile.mkstemp(prefix="gateway-", suffix=".log")[1])
+        argv = [
+            sys.executable, "-m", "triton_embed_server.gateway",
+            "--upstream", server.grpc_url, "--port", str(self.port),
+        ]  # fmt: skip
+        env = {**os.environ, "TRITON_EMBED_ADMIN_KEY": server.admin_key}
+        env.pop("TRITON_EMBED_GATEWAY_API_KEY", None)
+        if api_key is not None:
+            key_file = self.log_path.with_suffix(".key")
+            key_file.write_text(api_key)
+            argv += ["--api-key-file", str(key_file)]
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    def wait_ready(self, headers: dict[str, str]) -> None:
+        """Until ``/v1/models`` lists ``embed``; raises with the log on failure."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"gateway exited {self.process.returncode}:\n{self.log()}")
+            try:
+                r = httpx.get(f"{self.url}/v1/models", headers=headers, timeout=2)
+                if r.status_code == 200 and any(m["id"] == "embed" for m in r.json()["data"]):
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"gateway not ready after {READY_TIMEOUT_S:.0f} s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-6000:]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+@pytest.fixture(scope="module")
+def gateway(server):
+    gw = Gateway(server, API_KEY)
+    try:
+        gw.wait_ready({"Authorization": f"Bearer {API_KEY}"})
+        yield gw
+    finally:
+        gw.stop()
+        print(f"\ngateway log: {gw.log_path}")
+
+
+@pytest.fixture(scope="module")
+def grpc(server):
+    with EmbeddingClient(server.grpc_url, admin_key=server.admin_key, max_concurrency=4) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def openai_client(gateway):
+    import openai
+
+    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=API_KEY, max_retries=0)
+
+
+def auth() -> dict[str, str]:
+    return {"Authorization": f"Bearer {API_KEY}"}
+
+
+def vectors(response) -> np.ndarray:
+    return np.array([d.embedding for d in response.data], dtype=np.float32)
+
+
+# ---- the openai SDK and LangChain ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 100, 2048])
+def test_openai_sdk_base64_is_bit_identical_to_grpc_and_in_order(openai_client, grpc, n):
+    batch = texts(n)
+    response = openai_client.embeddings.create(model="embed", input=batch)  # base64 default
+    assert [d.index for d in response.data] == list(range(n))
+    expected = grpc.embed_with_details(batch)
+    got = vectors(response)
+    assert got.shape == (n, DIM)
+    assert np.array_equal(got, expected.embeddings)
+    assert response.usage.prompt_tokens == int(expected.num_tokens.sum())
+    assert response.usage.total_tokens == response.usage.prompt_tokens
+    assert response.model == "embed"
+
+
+def test_openai_sdk_float_equals_the_float32_values(openai_client, grpc):
+    batch = texts(20, start=5000)
+    response = openai_client.embeddings.create(model="embed", input=batch, encoding_format="float")
+    assert np.array_equal(vectors(response), grpc.embed(batch))
+
+
+def test_base64_carries_the_servers_bytes(gateway, grpc):
+    batch = texts(3, start=7000)
+    r = httpx.post(
+        f"{gateway.url}/v1/embeddings",
+        headers=auth(),
+        json={"model": "embed", "input": batch, "encoding_format": "base64"},
+    )
+    assert r.status_code == 200
+    got = [base64.b64decode(d["embedding"]) for d in r.json()["data"]]
+    assert got == [v.astype("<f4").tobytes() for v in grpc.embed(batch)]
+
+
+def test_the_hugging_face_name_is_an_alias(openai_client, grpc):
+    response = openai_client.embeddings.create(model=ALIAS, input="an alias works")
+    assert response.model == ALIAS
+    assert np.array_equal(vectors(response), grpc.embed(["an alias works"]))
+    listed = {m.id: m for m in openai_client.models.list().data}
+    assert {"embed", ALIAS} <= set(listed)
+    assert listed["embed"].model_extra["dimension"] == DIM
+    assert listed["embed"].model_extra["max_length"] == MAX_LENGTH
+
+
+def test_options_reach_the_server(openai_client, grpc):
+    long_text = "word " * 600
+    response = openai_client.embeddings.create(
+        model="embed", input=[long_text], extra_body={"truncate": "START"}
+    )
+    assert np.array_equal(vectors(response), grpc.embed([long_text], truncation="START"))
+    assert response.usage.prompt_tokens == MAX_LENGTH
+
+
+def test_token_ids_are_embedded_by_the_embedder_step(openai_client, grpc, hf_tokenizer):
+    text = "token ids go straight to the embedder"
+    ids = hf_tokenizer(text)["input_ids"]
+    response = openai_client.embeddings.create(model="embed", input=[ids], encoding_format="float")
+    assert response.usage.prompt_tokens == len(ids)
+    assert np.array_equal(vectors(response), grpc.embed([text]))
+
+
+def test_langchain_openai_embeddings_equal_the_grpc_vectors(gateway, grpc):
+    from langchain_openai import OpenAIEmbeddings
+
+    embeddings = OpenAIEmbeddings(
+        model="embed",
+        base_url=f"{gateway.url}/v1",
+        api_key=API_KEY,
+        check_embedding_ctx_length=False,
+    )
+    documents = texts(10, start=9000)
+    got = np.array(embeddings.embed_documents(documents), dtype=np.float32)
+    expected = grpc.embed(documents)
+    assert cosines(got, expected).min() >= COSINE_MIN
+    query = np.array([embeddings.embed_query("what is the moon?")], dtype=np.float32)
+    assert cosines(query, grpc.embed(["what is the moon?"])).min() >= COSINE_MIN
+
+
+# ---- errors from real requests ------------------------------------------------------------
+
+
+def test_a_30_megabyte_body_is_413(gateway):
+    body = orjson.dumps({"model": "embed", "input": ["x" * 1000] * 30000})
+    assert len(body) > 30 * 10**6
+    r = httpx.post(f"{gateway.url}/v1/embeddings", headers=auth(), content=body, timeout=60)
+    assert r.status_code == 413
+    assert "the gateway accepts at most 16777216 bytes" in r.json()["error"]["message"]
+
+
+def test_2049_inputs_are_413(openai_client):
+    import openai
+
+    with pytest.raises(openai.APIStatusError) as info:
+        openai_client.embeddings.create(model="embed", input=["x"] * 2049)
+    assert info.value.status_code == 413
+    assert "at most 2048" in info.value.message
+
+
+def test_a_token_id_outside_the_vocabulary_is_400_with_the_servers_message(openai_client):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as info:
+        openai_client.embeddings.create(model="embed", input=[[101, 10**6, 102]])
+    message = info.value.body["message"]
+    assert "text 0 has token ID 1000000 at position 1, outside the vocabulary" in message
+
+
+def test_an_unknown_model_is_404(openai_client):
+    import openai
+
+    with pytest.raises(openai.NotFoundError) as info:
+        openai_client.embeddings.create(model="no-such-model", input="x")
+    assert info.value.body["code"] == "model_not_found"
+
+
+def test_a_wrong_or_missing_key_is_401(gateway):
+    import openai
+
+    wrong = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        wrong.embeddings.create(model="embed", input="x")
+    r = httpx.post(f"{gateway.url}/v1/embeddings", json={"model": "embed", "input": "x"})
+    assert r.status_code == 401
+    assert r.headers["www-authenticate"].startswith("Bearer")
+    assert httpx.post(f"{gateway.url}/embed", json={"inputs": "x"}).status_code == 401
+    assert httpx.get(f"{gateway.url}/health").status_code == 200
+    assert httpx.get(f"{gateway.url}/metrics").status_code == 200
+    assert API_KEY not in gateway.log()
+
+
+def test_an_over_long_text_without_truncation_is_400_naming_its_index(openai_client):
+    import openai
+
+    batch = [*texts(70, start=100), "word " * 600]  # the long one is in the second piece
+    with pytest.raises(openai.BadRequestError) as info:
+        openai_client.embeddings.create(
+            model="embed", input=batch, extra_body={"truncation": "NONE"}
+        )
+    message = info.value.body["message"]
+    assert "text 70 has 602 tokens; the model accepts 256" in message
+
+
+# ---- TEI routes ---------------------------------------------------------------------------
+
+
+def test_tei_embed(gateway, grpc):
+    batch = texts(3, start=300)
+    r = httpx.post(f"{gateway.url}/embed", headers=auth(), json={"inputs": batch})
+    assert r.status_code == 200
+    got = np.array(r.json(), dtype=np.float32)
+    assert got.shape == (3, DIM)
+    assert np.array_equal(got, grpc.embed(batch))  # normalized by the model: sent as they are
+    r = httpx.post(f"{gateway.url}/embed", headers=auth(), json={"inputs": "one"})
+    assert len(r.json()) == 1 and len(r.json()[0]) == DIM
+    r = httpx.post(f"{gateway.url}/embed", headers=auth(), json={"inputs": "x", "normalize": False})
+    assert r.status_code == 400 and r.json()["error_type"] == "Validation"
+    long = {"inputs": ["short", "word " * 600]}
+    r = httpx.post(f"{gateway.url}/embed", headers=auth(), json=long)
+    assert r.status_code == 400 and "text 1 has 602 tokens" in r.json()["error"]
+    r = httpx.post(f"{gateway.url}/embed", headers=auth(), json={**long, "truncate": True})
+    assert r.status_code == 200
+
+
+def test_tei_tokenize_gives_the_tokenizers_ids(gateway, hf_tokenizer):
+    batch = ["Hello world", "tokenize me, please"]
+    r = httpx.post(f"{gateway.url}/tokenize", headers=auth(), json={"inputs": batch})
+    assert r.status_code == 200
+    assert [[t["id"] for t in tokens] for tokens in r.json()] == [
+        hf_tokenizer(t)["input_ids"] for t in batch
+    ]
+    assert set(r.json()[0][0]) == {"id", "text", "special", "start", "stop"}
+
+
+def test_tei_info_and_health(gateway):
+    info = httpx.get(f"{gateway.url}/info", headers=auth()).json()
+    assert info["model_id"] == ALIAS
+    assert info["max_input_length"] == MAX_LENGTH
+    assert info["max_client_batch_size"] == 2048
+    assert info["model_type"] == {"embedding": {"pooling": "mean"}}
+    r = httpx.get(f"{gateway.url}/health")
+    assert r.status_code == 200 and r.content == b""
+
+
+def test_the_gateway_counts_its_requests(gateway):
+    text = httpx.get(f"{gateway.url}/metrics").text
+    assert 'triton_embed_gateway_upstream_up{upstream="127.0.0.1:' in text
+    assert 'route="/v1/embeddings",status="200"' in text

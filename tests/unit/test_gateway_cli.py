@@ -1,0 +1,47 @@
+"""``triton-embed gateway`` and ``python -m triton_embed_server.gateway``: one set of flags."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from triton_embed.cli import add_gateway_args, build_parser
+from triton_embed_server.gateway import command
+from triton_embed_server.gateway.settings import GatewaySettings
+
+
+def test_the_cli_subcommand_takes_the_gateway_flags():
+    args = build_parser().parse_args(
+        ["gateway", "--upstream", "10.0.0.1:8001,10.0.0.2:8001", "--upstream", "[::1]:9001",
+         "--port", "9080", "--max-body-mb", "4", "--max-in-flight", "64", "--workers", "2"]
+    )  # fmt: skip
+    settings = GatewaySettings.from_args(args)
+    assert settings.upstreams == ("10.0.0.1:8001,10.0.0.2:8001", "[::1]:9001")
+    assert [str(t) for t in settings.targets] == ["10.0.0.1:8001", "10.0.0.2:8001", "[::1]:9001"]
+    assert (settings.host, settings.port) == ("127.0.0.1", 9080)
+    assert settings.max_body_bytes == 4 * 2**20
+    assert (settings.max_in_flight, settings.workers) == (64, 2)
+    assert (settings.default_model, settings.timeout_s) == ("embed", 60.0)
+    assert GatewaySettings.from_json(settings.to_json()) == settings
+
+
+def test_the_module_command_has_the_same_flags():
+    cli = argparse.ArgumentParser()
+    add_gateway_args(cli)
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    options = {s for a in sub.choices["gateway"]._actions for s in a.option_strings}
+    assert options == {s for a in cli._actions for s in a.option_strings}
+
+
+def test_upstream_is_required_and_checked(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["gateway"])
+    assert "--upstream" in capsys.readouterr().err
+    assert command.main(["--upstream", "host"]) == 1
+    assert "upstream 'host' is not HOST:PORT" in capsys.readouterr().err
+
+
+def test_an_unreadable_key_file_stops_the_gateway_before_it_listens(tmp_path, capsys):
+    missing = tmp_path / "missing"
+    assert command.main(["--upstream", "127.0.0.1:1", "--api-key-file", str(missing)]) == 1
+    assert str(missing) in capsys.readouterr().err

@@ -7,6 +7,8 @@
 #   BIND_ADDRESS=0.0.0.0 scripts/serve.sh             # expose on every interface
 #   PER_NUMA_NODE=1 scripts/serve.sh                  # one server per NUMA node (numactl-bound,
 #                                                     # ports +10 per node; see docs/operations.md)
+#   GATEWAY_PORT=8080 scripts/serve.sh                # also the HTTP gateway (OpenAI, TEI APIs) on
+#                                                     # that port, in front of this server's gRPC port
 #
 # Extra arguments go to tritonserver unchanged (later ones win). Needs scripts/setup.sh first.
 set -euo pipefail
@@ -26,6 +28,11 @@ if [[ "${RESTRICTED_APIS:-1}" != "0" ]]; then
     flags="$("${ROOT}/.venv/bin/python" -m triton_embed_server.admin_key --tritonserver-args)"
     mapfile -t RESTRICT <<< "$flags"
 fi
+if [[ "${PER_NUMA_NODE:-0}" == "1" && -n "${GATEWAY_PORT:-}" ]]; then
+    echo "serve.sh: GATEWAY_PORT is not supported with PER_NUMA_NODE=1; run triton-embed gateway" \
+        "--upstream with every node's gRPC port instead (docs/operations.md, Gateway)" >&2
+    exit 1
+fi
 if [[ "${PER_NUMA_NODE:-0}" == "1" ]]; then
     # The doctor's plan decides the servers; each runs under the supervisor with its own ports.
     exec "${ROOT}/.venv/bin/python" -m triton_embed_server.per_node --bind-address "$ADDR" -- \
@@ -41,10 +48,47 @@ if [[ "${SUPERVISE:-1}" == "0" ]]; then
         --model-repository "${MODEL_REPOSITORY:-${ROOT}/model_repository}" "$@")"
     [[ -z "$shm_args" ]] || mapfile -t SHM_ARGS <<< "$shm_args"
 fi
-exec "${SUPERVISOR[@]}" \
-    --model-repository "${MODEL_REPOSITORY:-${ROOT}/model_repository}" \
-    --grpc-address "$ADDR" --http-address "$ADDR" --metrics-address "$ADDR" \
-    "${SHM_ARGS[@]}" \
-    --log-verbose 0 \
-    "${RESTRICT[@]}" \
-    "$@"
+SERVER=("${SUPERVISOR[@]}"
+    --model-repository "${MODEL_REPOSITORY:-${ROOT}/model_repository}"
+    --grpc-address "$ADDR" --http-address "$ADDR" --metrics-address "$ADDR"
+    "${SHM_ARGS[@]}"
+    --log-verbose 0
+    "${RESTRICT[@]}"
+    "$@")
+[[ -n "${GATEWAY_PORT:-}" ]] || exec "${SERVER[@]}"
+
+# The gateway (docs/operations.md, "Gateway"): in the background, on the same address, in
+# front of this server's gRPC port (the last --grpc-port given, as tritonserver reads it). It
+# finds the admin key where the server does. The server stays the script's main job: TERM,
+# INT and HUP are forwarded to it, and once it has exited the gateway is stopped by its PID.
+GRPC_PORT=8001
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+    case "${args[i]}" in
+        --grpc-port=*) GRPC_PORT="${args[i]#--grpc-port=}" ;;
+        --grpc-port) GRPC_PORT="${args[i + 1]:-$GRPC_PORT}" ;;
+    esac
+done
+case "$ADDR" in
+    0.0.0.0) UPSTREAM="127.0.0.1:${GRPC_PORT}" ;;
+    ::) UPSTREAM="[::1]:${GRPC_PORT}" ;;
+    *:*) UPSTREAM="[${ADDR}]:${GRPC_PORT}" ;;
+    *) UPSTREAM="${ADDR}:${GRPC_PORT}" ;;
+esac
+"${ROOT}/.venv/bin/python" -m triton_embed_server.gateway --upstream "$UPSTREAM" \
+    --host "$ADDR" --port "$GATEWAY_PORT" &
+GATEWAY_PID=$!
+stop_gateway() {
+    kill -TERM "$GATEWAY_PID" 2>/dev/null || true
+    wait "$GATEWAY_PID" 2>/dev/null || true
+}
+trap stop_gateway EXIT
+"${SERVER[@]}" &
+SERVER_PID=$!
+trap 'kill -TERM "$SERVER_PID" 2>/dev/null || true' TERM INT HUP
+status=0
+while :; do
+    wait "$SERVER_PID" && status=0 || status=$?
+    kill -0 "$SERVER_PID" 2>/dev/null || break  # a trapped signal interrupted the wait
+done
+exit "$status"

@@ -695,3 +695,17 @@ def test_health_is_200_with_an_empty_body(client):
     c, _ = client
     r = c.get("/health")
     assert r.status_code == 200 and r.content == b""
+
+
+def test_unknown_routes_and_methods_answer_in_the_apis_envelope(client):
+    c, _ = client
+    r = c.get("/v1/nothing")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_route"
+    r = c.get("/v1/embeddings")
+    assert r.status_code == 405
+    assert r.json()["error"]["message"] == "/v1/embeddings does not take GET"
+    assert "POST" in r.headers["allow"]
+    r = c.post("/health")
+    assert r.status_code == 405 and r.json()["error_type"] == "Validation"
+    r = c.get("/nothing")
+    assert r.status_code == 404 and r.json()["error_type"] == "NotFound"

@@ -87,6 +87,7 @@ class FakeTritonClient:
         self.url = url
         self.up = True
         self.ready = True
+        self.slow = False
         self.configs = copy.deepcopy(configs or {"embed": EMBED_CONFIG, **STEP_CONFIGS})
         self.failures: list[BaseException] = []  # raised by the next infer calls, in order
         self.infers: list[str] = []
@@ -108,6 +109,8 @@ class FakeTritonClient:
 
     async def is_server_ready(self, headers=None, client_timeout=None):
         self._reachable()
+        if self.slow:
+            raise error("DEADLINE_EXCEEDED", "Deadline Exceeded")
         return self.ready
 
     async def get_model_repository_index(self, headers=None, as_json=False, client_timeout=None):
@@ -310,6 +313,26 @@ def test_an_unready_upstream_is_taken_out_and_put_back():
         client.ready = True
         await pool.refresh()
         assert pool.any_ready()
+        await pool.stop()
+
+    run(scenario())
+
+
+def test_a_slow_health_check_is_tolerated_twice():
+    cluster = Cluster()
+
+    async def scenario():
+        pool = make_pool(cluster, "127.0.0.1:1")
+        await pool.refresh()
+        cluster.clients["127.0.0.1:1"].slow = True
+        await pool.refresh()
+        await pool.refresh()
+        assert pool.any_ready()
+        await pool.refresh()
+        assert not pool.any_ready()
+        cluster.clients["127.0.0.1:1"].slow = False
+        await pool.refresh()
+        assert pool.any_ready() and pool.upstreams["127.0.0.1:1"].slow_checks == 0
         await pool.stop()
 
     run(scenario())

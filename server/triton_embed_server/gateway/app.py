@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import orjson
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -45,6 +46,7 @@ from triton_embed_server.gateway.catalog import ModelInfo
 from triton_embed_server.gateway.errors import (
     GatewayError,
     Internal,
+    MethodNotAllowed,
     NotFound,
     Overloaded,
     Unavailable,
@@ -151,6 +153,8 @@ class Gateway:
                     self.metrics.in_flight.inc()
                 response = await handler(self, request, state)
             except GatewayError as error:
+                if error.status >= 500:
+                    log.warning("%s %s: %d %s", request.method, route, error.status, error)
                 response = error_response(error, api)
             except Exception:
                 log.exception("%s %s failed", request.method, route)
@@ -180,6 +184,24 @@ def error_response(error: GatewayError, api: str) -> Response:
     )
 
 
+async def _no_route(request: Request, exc: HTTPException) -> Response:
+    """An unknown path (404) or method (405), in the envelope its path suggests."""
+    path = request.url.path
+    api = OPENAI if path.startswith("/v1/") else TEI
+    if exc.status_code == 405:
+        error: GatewayError = MethodNotAllowed(f"{path} does not take {request.method}")
+    else:
+        error = NotFound(
+            f"no route {request.method} {path}; the routes are POST /v1/embeddings, GET "
+            "/v1/models, POST /embed, POST /tokenize, GET /info, GET /health, GET /metrics",
+            code="unknown_route",
+        )
+    response = error_response(error, api)
+    if exc.headers:
+        response.headers.update(exc.headers)  # Allow: on a 405
+    return response
+
+
 async def _metrics(gateway: Gateway, request: Request, state: RequestState) -> Response:
     text, content_type = gateway.metrics.render()
     return Response(text, media_type=content_type)
@@ -205,7 +227,11 @@ def build_app(gateway: Gateway, *, lifespan: Callable | None = None) -> Starlett
             "/metrics", e("/metrics", TEI, _metrics, public=True, counted=False), methods=["GET"]
         ),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    return Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={404: _no_route, 405: _no_route},
+    )
 
 
 def create_app(settings: GatewaySettings) -> Starlette:
@@ -248,4 +274,8 @@ def create_app(settings: GatewaySettings) -> Starlette:
 
 def create_app_from_env() -> Starlette:
     """:func:`create_app` of the settings in :data:`SETTINGS_ENV` (``--workers`` processes)."""
-    return create_app(GatewaySettings.from_json(os.environ[SETTINGS_ENV]))
+    from triton_embed_server.gateway.command import configure_logging
+
+    settings = GatewaySettings.from_json(os.environ[SETTINGS_ENV])
+    configure_logging(settings.log_level)
+    return create_app(settings)

@@ -23,7 +23,14 @@ def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def run(settings: GatewaySettings, log_level: str = "info") -> None:
+def configure_logging(level: str) -> None:
+    """The gateway's log lines on stderr: time, level, ``[gateway]``, message."""
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s [gateway] %(message)s"
+    )
+
+
+def run(settings: GatewaySettings) -> None:
     """Serve the gateway until SIGINT or SIGTERM.
 
     Raises:
@@ -34,9 +41,7 @@ def run(settings: GatewaySettings, log_level: str = "info") -> None:
 
     from triton_embed_server.gateway.app import SETTINGS_ENV, create_app
 
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s [gateway] %(message)s"
-    )
+    configure_logging(settings.log_level)
     settings.api_key()  # fail now, with the file's name, rather than in a worker
     settings.admin_key()
     options = {
@@ -44,7 +49,7 @@ def run(settings: GatewaySettings, log_level: str = "info") -> None:
         "port": settings.port,
         "loop": "uvloop" if _installed("uvloop") else "asyncio",
         "http": "httptools" if _installed("httptools") else "h11",
-        "log_level": log_level,
+        "log_level": settings.log_level,
         "access_log": False,
         "timeout_graceful_shutdown": 30,
     }
@@ -67,7 +72,7 @@ def run_from_args(args: argparse.Namespace) -> None:
         ValueError: a malformed ``--upstream`` entry or limit.
         OSError: a key file cannot be read.
     """
-    run(GatewaySettings.from_args(args), args.log_level)
+    run(GatewaySettings.from_args(args))
 
 
 def main(argv: list[str] | None = None) -> int:

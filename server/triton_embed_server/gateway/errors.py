@@ -17,7 +17,10 @@ error (status): OpenAI ``type`` / ``code``; TEI ``error_type``
   for an empty input list)
 * :class:`Unauthorized` (401): ``invalid_request_error`` / ``invalid_api_key``;
   ``Unauthorized``
-* :class:`NotFound` (404): ``invalid_request_error`` / ``model_not_found``; ``NotFound``
+* :class:`NotFound` (404): ``invalid_request_error`` / ``model_not_found`` (or
+  ``unknown_route``); ``NotFound``
+* :class:`MethodNotAllowed` (405): ``invalid_request_error`` / ``method_not_allowed``;
+  ``Validation``
 * :class:`TooLarge` (413): ``invalid_request_error`` / ``payload_too_large`` or
   ``too_many_inputs``; ``Validation``
 * :class:`Overloaded` (429): ``rate_limit_error`` / ``overloaded``; ``Overloaded``
@@ -120,6 +123,15 @@ class NotFound(GatewayError):
     openai_type = "invalid_request_error"
     default_code = "model_not_found"
     tei_type = "NotFound"
+
+
+class MethodNotAllowed(GatewayError):
+    """405: a route asked with another HTTP method than its own."""
+
+    status = 405
+    openai_type = "invalid_request_error"
+    default_code = "method_not_allowed"
+    tei_type = "Validation"
 
 
 class TooLarge(GatewayError):

@@ -38,6 +38,7 @@ class GatewaySettings:
         default_model: the model of the TEI routes.
         timeout_s: deadline of one upstream call, seconds.
         workers: uvicorn worker processes.
+        log_level: ``critical``, ``error``, ``warning``, ``info`` or ``debug``.
     """
 
     upstreams: tuple[str, ...]
@@ -50,6 +51,7 @@ class GatewaySettings:
     default_model: str = "embed"
     timeout_s: float = 60.0
     workers: int = 1
+    log_level: str = "info"
 
     def __post_init__(self) -> None:
         parse_upstreams(self.upstreams)  # raises ValueError naming a bad entry
@@ -70,6 +72,7 @@ class GatewaySettings:
             default_model=args.default_model,
             timeout_s=args.timeout_s,
             workers=args.workers,
+            log_level=args.log_level,
         )
 
     def to_json(self) -> str:

@@ -45,6 +45,7 @@ from triton_embed_server.gateway.errors import (
     is_model_missing,
     is_queue_refusal,
     upstream_message,
+    upstream_status,
 )
 from triton_embed_server.gateway.metrics import GatewayMetrics
 
@@ -55,7 +56,11 @@ HEALTH_INTERVAL_S = 2.0
 #: Seconds between DNS resolutions of the upstream host names.
 RESOLVE_INTERVAL_S = 5.0
 #: Seconds one health-check call may take.
-HEALTH_TIMEOUT_S = 2.0
+HEALTH_TIMEOUT_S = 5.0
+#: Health checks in a row that may time out before an upstream is taken out: a server busy
+#: with a large batch on a small host can be slow to answer, without being gone (a refused
+#: connection takes it out at once).
+SLOW_CHECKS_TOLERATED = 2
 #: Seconds after which an upstream's model configs are read again (a reload may change them).
 CONFIG_REFRESH_S = 30.0
 #: Seconds a removed upstream's channel stays open for the calls still on it.
@@ -168,6 +173,7 @@ class Upstream:
         self.configs_read_at = 0.0
         self.outstanding = 0
         self.problem = "not checked yet"
+        self.slow_checks = 0
 
     def __repr__(self) -> str:
         state = "ready" if self.ready else f"out ({self.problem})"
@@ -308,6 +314,16 @@ class UpstreamPool:
                 configs[name] = config.get("config", {})
         except Exception as exc:  # tritonclient errors, a closed channel
             message = upstream_message(exc)
+            if upstream_status(exc) == "DEADLINE_EXCEEDED" and upstream.ready:
+                upstream.slow_checks += 1
+                if upstream.slow_checks <= SLOW_CHECKS_TOLERATED:
+                    log.warning(
+                        "upstream %s answered no health check within %g s (%d in a row)",
+                        upstream.address,
+                        HEALTH_TIMEOUT_S,
+                        upstream.slow_checks,
+                    )
+                    return
             if is_refused(message) and not self._warned_key:
                 self._warned_key = True
                 log.error(
@@ -327,6 +343,7 @@ class UpstreamPool:
             log.info("upstream %s is ready (models READY: %s)", upstream.address, names)
         upstream.ready = True
         upstream.problem = ""
+        upstream.slow_checks = 0
         self.metrics.set_upstream(upstream.address, True)
 
     def _set_out(self, upstream: Upstream, problem: str) -> None:

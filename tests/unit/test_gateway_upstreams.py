@@ -13,16 +13,12 @@ import copy
 import numpy as np
 import pytest
 from triton_embed.admin import GRPC_ADMIN_HEADER
+from triton_embed_server.gateway.addresses import Target, parse_upstreams
 from triton_embed_server.gateway.catalog import Catalog, FolderFacts, ModelInfo, folder_facts
 from triton_embed_server.gateway.errors import Unavailable
 from triton_embed_server.gateway.metrics import GatewayMetrics
 from triton_embed_server.gateway.tensors import frame_bytes
-from triton_embed_server.gateway.upstreams import (
-    CHANNEL_ARGS,
-    Target,
-    UpstreamPool,
-    parse_upstreams,
-)
+from triton_embed_server.gateway.upstreams import CHANNEL_ARGS, UpstreamPool
 from tritonclient.utils import InferenceServerException
 
 ADMIN_KEY = "admin-key-0123456789abcdef"

@@ -12,7 +12,8 @@ servers. One job per module:
 * :mod:`~.body`: the bounded JSON body; :mod:`~.inputs`: inputs and options, checked;
 * :mod:`~.inference`: pieces of ``max_batch_size`` sent concurrently, reassembled in order;
 * :mod:`~.tensors`: gRPC tensors built and read (raw bytes, no parsing);
-* :mod:`~.upstreams`: addresses (DNS), health, least-outstanding choice, one retry;
+* :mod:`~.addresses`: the ``--upstream`` entries and their DNS names;
+* :mod:`~.upstreams`: health checks, least-outstanding choice, one retry;
 * :mod:`~.catalog`: the embedding ensembles from the upstreams' configs, and their aliases;
 * :mod:`~.errors`: one error hierarchy, its statuses and both APIs' envelopes;
 * :mod:`~.auth`: the API key; :mod:`~.metrics`: the gateway's Prometheus families.

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from triton_embed.admin import read_admin_key, read_key_file
 
+from triton_embed_server.gateway.addresses import Target, parse_upstreams
 from triton_embed_server.gateway.auth import load_api_key
-from triton_embed_server.gateway.upstreams import Target, parse_upstreams
 
 
 @dataclass(frozen=True)

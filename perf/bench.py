@@ -6,6 +6,9 @@ and stopped:
 * ``engine``: the in-process vLLM pooling engine on token IDs (no server): the ceiling.
 * ``triton_pa``: the ``embed`` ensemble over gRPC, driven by ``perf_analyzer`` 2.51.
 * ``triton_client``: the same ensemble driven by our client library (decodes every vector).
+* ``gateway_float`` / ``gateway_base64``: our HTTP gateway
+  (``python -m triton_embed_server.gateway``) in front of that same server, OpenAI
+  ``/v1/embeddings`` over HTTP, driven by the load generator that drives vLLM's server.
 * ``vllm_float`` / ``vllm_base64``: vLLM's OpenAI-compatible server
   (``python -m vllm.entrypoints.openai.api_server --runner pooling``) over HTTP, driven by an
   asyncio/aiohttp load generator that decodes every response.
@@ -15,6 +18,7 @@ Texts are real (Debian fortunes) cut to an exact token count with the model's to
 
     .venv/bin/python -m perf.bench --mode quick          # minutes: every contender runs once
     .venv/bin/python -m perf.bench --mode full           # the sweep behind perf/README.md
+    .venv/bin/python -m perf.bench --mode gateway        # gateway vs vLLM vs gRPC in turn, 3x
     .venv/bin/python -m perf.bench --compare perf/reference_cpu2.json  # >10% drop = exit 1
     .venv/bin/python -m perf.bench --ablation instances   # embedder instance count 1/2/4
     .venv/bin/python -m perf.bench --ablation incremental # the design, one optimization at a time
@@ -22,6 +26,12 @@ Texts are real (Debian fortunes) cut to an exact token count with the model's to
 
 Lengths: exactly 50 or 256 tokens, and ``mixed`` (length 0 in the rows): real fortunes as
 they are, truncated at 256 tokens; their tokens/s use the tokenizer's mean token count.
+
+``--mode gateway`` measures the gateway's headline points (50 tokens, 1 and 16 texts per
+request) with every server up at once and the contenders in turn at each point
+(gateway_base64, vLLM float, vLLM base64, triton_client, gateway_float), the whole sweep
+repeated in rounds, so that the machine's drift over minutes hits them alike; its summary
+gives each contender's best and median over the rounds.
 
 Writes ``<out>/results.json`` and ``<out>/results.csv`` (every run), ``<out>/summary.md`` and
 ``<out>/*.png``.
@@ -33,17 +43,24 @@ import argparse
 import os
 import signal
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from triton_embed_server.launcher import REPO_ROOT, TritonServer
 
 from perf.config_ablations import ABLATIONS, config_ablation
 from perf.contenders.engine import engine_ceiling
+from perf.contenders.gateway import GatewayServer, gateway_load
 from perf.contenders.triton_client import client_library
 from perf.contenders.triton_pa import perf_analyzer
 from perf.contenders.vllm_server import VllmServer, vllm_load
 from perf.corpora import MIXED, corpus, label, mixed_corpus, parse_lengths
-from perf.report import compare, save, summarize
+from perf.report import compare, save, summarize, summarize_rounds
+
+FORMATS = ("float", "base64")  # the OpenAI encoding_format values, both measured
+# --mode gateway: the order of the contenders at each point of each round
+ALTERNATION = ("gateway_base64", "vllm_float", "vllm_base64", "triton_client", "gateway_float")
 
 # (texts per request, requests in flight) pairs. 64 texts per request stop at 8 in flight:
 # 512 texts in flight already saturate two cores.
@@ -65,18 +82,27 @@ MODES = {
         ],
         "duration_s": 8,
     },
+    # The gateway's headline points (issue 13), every contender in turn at each, 3 rounds.
+    # Concurrency 1 gives the latency; 32-64 (1 text) and 8-16 (16 texts) hold the best
+    # throughput of every contender in the full runs.
+    "gateway": {
+        "lengths": [50],
+        "grid": [(1, 1), (1, 32), (1, 64), (16, 8), (16, 16)],
+        "duration_s": 10,
+        "rounds": 3,
+    },
 }
 
 
-def run(mode: str, out_dir: Path, lengths: list[int] | None = None) -> list[dict]:
-    """Every contender over the mode's sweep (only ``lengths`` if given); returns the rows."""
-    cfg = dict(MODES[mode], lengths=lengths or MODES[mode]["lengths"])
-    texts = {n: corpus(n) for n in cfg["lengths"]}
-    rows: list[dict] = []
+def recorder(texts: dict[int, tuple[list[str], float]], rows: list[dict]) -> Callable:
+    """``record(contender, length, batch, conc, result, **extra)``: a row into ``rows``, printed.
 
-    def record(contender, length, batch, conc, result):
-        # the mean over the texts actually sent where the contender measured it (mixed
-        # lengths), else the corpus's (exact-length texts)
+    ``tokens_per_text`` is the mean over the texts actually sent where the contender measured
+    it (mixed lengths), else the corpus's (exact-length texts); ``extra`` (``round``) is
+    stored in the row.
+    """
+
+    def record(contender, length, batch, conc, result, **extra):
         per_text = result.pop("tokens_per_text", None) or texts[length][1]
         row = {
             "contender": contender,
@@ -84,6 +110,7 @@ def run(mode: str, out_dir: Path, lengths: list[int] | None = None) -> list[dict
             "batch": batch,
             "concurrency": conc,
             "tokens_per_text": per_text,
+            **extra,
             **result,
             "tokens_s": result["texts_s"] * per_text,
         }
@@ -91,16 +118,27 @@ def run(mode: str, out_dir: Path, lengths: list[int] | None = None) -> list[dict
         print(
             f"{contender:14s} len={label(length):>5s} batch={batch:2d} conc={conc:2d} "
             f"{row['tokens_s']:9.0f} tokens/s  p99={row['p99_ms'] or 0:8.1f} ms  "
-            f"errors={row['errors']}",
+            f"errors={row['errors']}" + "".join(f"  {k}={v}" for k, v in extra.items()),
             flush=True,
         )
+
+    return record
+
+
+def run(mode: str, out_dir: Path, lengths: list[int] | None = None) -> list[dict]:
+    """Every contender over the mode's sweep (only ``lengths`` if given); returns the rows."""
+    cfg = dict(MODES[mode], lengths=lengths or MODES[mode]["lengths"])
+    texts = {n: corpus(n) for n in cfg["lengths"]}
+    rows: list[dict] = []
+    record = recorder(texts, rows)
+    counts = {MIXED: list(mixed_corpus()[1])} if MIXED in cfg["lengths"] else {}
 
     replicas = min(2, len(os.sched_getaffinity(0)))
     for n in cfg["lengths"]:
         record("engine", n, 0, 1, engine_ceiling(n, cfg["duration_s"], 1))
         if replicas > 1:
             record("engine", n, 0, replicas, engine_ceiling(n, cfg["duration_s"], replicas))
-    with TritonServer() as server:
+    with TritonServer() as server, GatewayServer(server) as gateway:
         for n in cfg["lengths"]:
             for b, c in cfg["grid"]:
                 record(
@@ -125,12 +163,22 @@ def run(mode: str, out_dir: Path, lengths: list[int] | None = None) -> list[dict
                     c,
                     client_library(server, texts[n][0], b, c, cfg["duration_s"]),
                 )
-    counts = {MIXED: list(mixed_corpus()[1])} if MIXED in cfg["lengths"] else {}
+                for fmt in FORMATS:
+                    result = gateway_load(
+                        gateway.url,
+                        texts[n][0],
+                        b,
+                        c,
+                        cfg["duration_s"],
+                        fmt,
+                        text_tokens=counts.get(n),
+                    )
+                    record(f"gateway_{fmt}", n, b, c, result)
     with VllmServer() as vllm:
         url = f"http://127.0.0.1:{vllm.port}/v1/embeddings"
         for n in cfg["lengths"]:
             for b, c in cfg["grid"]:
-                for fmt in ("float", "base64"):
+                for fmt in FORMATS:
                     result = vllm_load(
                         url,
                         texts[n][0],
@@ -143,6 +191,99 @@ def run(mode: str, out_dir: Path, lengths: list[int] | None = None) -> list[dict
                     record(f"vllm_{fmt}", n, b, c, result)
     save(rows, out_dir, "results", mode=mode)
     return rows
+
+
+def run_rounds(mode: str, out_dir: Path, lengths: list[int] | None = None) -> list[dict]:
+    """The contenders of :data:`ALTERNATION` in turn at each point, the sweep in rounds.
+
+    The Triton server, the gateway in front of it and vLLM's server all run for the whole
+    measurement; each row carries its ``round`` (1, 2, ...). Before the first round the
+    machine's CPU use with every server up and idle is measured (:func:`idle_cpu`;
+    ``idle_cpu_percent`` and ``idle_server_cores`` in the JSON).
+
+    Returns:
+        The rows.
+    """
+    cfg = dict(MODES[mode], lengths=lengths or MODES[mode]["lengths"])
+    texts = {n: corpus(n) for n in cfg["lengths"]}
+    rows: list[dict] = []
+    record = recorder(texts, rows)
+    counts = {MIXED: list(mixed_corpus()[1])} if MIXED in cfg["lengths"] else {}
+    seconds = cfg["duration_s"]
+    with TritonServer() as server, GatewayServer(server) as gateway, VllmServer() as vllm:
+        vllm_url = f"http://127.0.0.1:{vllm.port}/v1/embeddings"
+
+        def measure(contender: str, n: int, b: int, c: int) -> dict:
+            if contender == "triton_client":
+                return client_library(server, texts[n][0], b, c, seconds)
+            fmt = contender.split("_")[1]
+            if contender.startswith("gateway_"):
+                return gateway_load(
+                    gateway.url, texts[n][0], b, c, seconds, fmt, text_tokens=counts.get(n)
+                )
+            return vllm_load(vllm_url, texts[n][0], b, c, seconds, fmt, text_tokens=counts.get(n))
+
+        idle, servers = idle_cpu(
+            {"triton": server.process.pid, "gateway": gateway.proc.pid, "vllm": vllm.proc.pid}
+        )
+        print(
+            f"with every server up and idle: machine CPU {idle:.1f}%, the servers' cores "
+            + ", ".join(f"{k} {v:.3f}" for k, v in servers.items()),
+            flush=True,
+        )
+        started = time.strftime("%Y-%m-%d %H:%M:%S")
+        for k in range(1, cfg["rounds"] + 1):
+            for n in cfg["lengths"]:
+                for b, c in cfg["grid"]:
+                    for contender in ALTERNATION:
+                        record(contender, n, b, c, measure(contender, n, b, c), round=k)
+    save(
+        rows,
+        out_dir,
+        "results",
+        mode=mode,
+        started=started,
+        rounds=cfg["rounds"],
+        order=list(ALTERNATION),
+        duration_s=seconds,
+        idle_cpu_percent=idle,
+        idle_server_cores=servers,
+        cpus=len(os.sched_getaffinity(0)),
+    )
+    return rows
+
+
+def idle_cpu(pids: dict[str, int], seconds: float = 5.0) -> tuple[float, dict[str, float]]:
+    """CPU use over ``seconds``: the machine's, and each process tree's (a server's).
+
+    Args:
+        pids: name -> PID of a process whose tree (it and its descendants) to measure.
+        seconds: the measurement time.
+
+    Returns:
+        ``(machine percent of all cores, {name: cores used})``.
+    """
+    import psutil
+
+    def cpu_s(pid: int) -> float:
+        procs = [psutil.Process(pid)]
+        procs += procs[0].children(recursive=True)
+        total = 0.0
+        for proc in procs:
+            try:
+                times = proc.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += times.user + times.system
+        return total
+
+    before = {k: cpu_s(pid) for k, pid in pids.items()}
+    psutil.cpu_percent()
+    t0 = time.perf_counter()
+    time.sleep(seconds)
+    machine = psutil.cpu_percent()
+    dt = time.perf_counter() - t0
+    return machine, {k: (cpu_s(pid) - before[k]) / dt for k, pid in pids.items()}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -178,9 +319,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if any(r["errors"] for r in rows) else 0
     # SIGTERM unwinds like Ctrl-C, so the servers this run started are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    rows = run(args.mode, args.out, args.lengths)
-    print()
-    print(summarize(rows, args.out))
+    if MODES[args.mode].get("rounds"):
+        rows = run_rounds(args.mode, args.out, args.lengths)
+        print()
+        print(summarize_rounds(rows, args.out))
+    else:
+        rows = run(args.mode, args.out, args.lengths)
+        print()
+        print(summarize(rows, args.out))
     failed = [r for r in rows if r["errors"]]
     if failed:
         details = [(r["contender"], r.get("detail", "")) for r in failed]

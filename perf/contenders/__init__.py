@@ -6,4 +6,12 @@ it measured the tokens of the texts it actually sent (None or absent otherwise).
 """
 
 # The order of the rows in the summary table.
-CONTENDERS = ("engine", "triton_pa", "triton_client", "vllm_float", "vllm_base64")
+CONTENDERS = (
+    "engine",
+    "triton_pa",
+    "triton_client",
+    "gateway_float",
+    "gateway_base64",
+    "vllm_float",
+    "vllm_base64",
+)

@@ -2,27 +2,28 @@
 
 :class:`VllmServer` starts ``python -m vllm.entrypoints.openai.api_server --runner pooling``
 on a free loopback port; :func:`vllm_load` drives its ``/v1/embeddings`` endpoint over HTTP
-with an asyncio/aiohttp load generator that decodes every response.
+with the asyncio/aiohttp load generator of :mod:`perf.contenders.openai_load`, which decodes
+every response (the gateway's contenders use the same one).
 """
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import os
 import subprocess
 import sys
 import tempfile
 import time
 
-import numpy as np
 from triton_embed_server.launcher import free_port
 
+from perf.contenders.openai_load import embeddings_load
 from perf.corpora import MAX_TOKENS, MODEL
 
 # vLLM drops torch to 1 thread per engine unless OMP_NUM_THREADS says otherwise; its server
 # gets every core this process may use.
 THREADS = os.environ.get("OMP_NUM_THREADS") or str(len(os.sched_getaffinity(0)))
+SERVED_MODEL = "bench"  # --served-model-name: the requests' ``model``
+TRUNCATION = {"truncate_prompt_tokens": MAX_TOKENS}  # vLLM's truncation field
 
 
 def vllm_load(
@@ -35,6 +36,10 @@ def vllm_load(
     text_tokens: list[int] | None = None,
 ) -> dict:
     """Load vLLM's ``/v1/embeddings`` with ``conc`` requests of ``batch`` texts in flight.
+
+    The request names :data:`SERVED_MODEL` and truncates at the model's budget with vLLM's
+    ``truncate_prompt_tokens`` (:data:`TRUNCATION`); the load generator is
+    :func:`~perf.contenders.openai_load.embeddings_load`.
 
     Args:
         url: the server's ``/v1/embeddings`` URL.
@@ -49,68 +54,17 @@ def vllm_load(
     Returns:
         A contender result.
     """
-    return asyncio.run(_load(url, texts, batch, conc, seconds, fmt, text_tokens))
-
-
-async def _load(
-    url: str,
-    texts: list[str],
-    batch: int,
-    conc: int,
-    seconds: float,
-    fmt: str,
-    text_tokens: list[int] | None,
-) -> dict:
-    import aiohttp
-
-    latencies: list[float] = []
-    counts = {"texts": 0, "errors": 0, "tokens": 0}
-    deadline = time.perf_counter() + seconds
-
-    async def worker(session, k):
-        i = k
-        while time.perf_counter() < deadline:
-            idx = [(i + j) % len(texts) for j in range(batch)]
-            chunk = [texts[x] for x in idx]
-            i += batch
-            t0 = time.perf_counter()
-            async with session.post(
-                url,
-                json={
-                    "model": "bench",
-                    "input": chunk,
-                    "encoding_format": fmt,
-                    "truncate_prompt_tokens": MAX_TOKENS,
-                },
-            ) as resp:
-                body = await resp.json()
-            if resp.status != 200:
-                counts["errors"] += 1
-                continue
-            for item in body["data"]:  # decode like a real client
-                emb = item["embedding"]
-                np.frombuffer(base64.b64decode(emb), "<f4") if fmt == "base64" else np.asarray(
-                    emb, np.float32
-                )
-            latencies.append(time.perf_counter() - t0)
-            counts["texts"] += len(chunk)
-            counts["tokens"] += sum(text_tokens[x] for x in idx) if text_tokens else 0
-
-    connector = aiohttp.TCPConnector(limit=conc)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker(session, k) for k in range(conc)))
-        dt = time.perf_counter() - t0
-    lat = np.asarray(latencies) * 1000
-    return {
-        "texts_s": counts["texts"] / dt,
-        "p50_ms": float(np.percentile(lat, 50)) if len(lat) else None,
-        "p99_ms": float(np.percentile(lat, 99)) if len(lat) else None,
-        "errors": counts["errors"],
-        "tokens_per_text": counts["tokens"] / counts["texts"]
-        if text_tokens and counts["texts"]
-        else None,
-    }
+    return embeddings_load(
+        url,
+        texts,
+        batch,
+        conc,
+        seconds,
+        fmt,
+        model=SERVED_MODEL,
+        options=TRUNCATION,
+        text_tokens=text_tokens,
+    )
 
 
 class VllmServer:
@@ -129,7 +83,7 @@ class VllmServer:
             "--model",
             str(MODEL),
             "--served-model-name",
-            "bench",
+            SERVED_MODEL,
             "--runner",
             "pooling",
             "--dtype",

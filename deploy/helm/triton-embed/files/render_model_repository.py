@@ -1,10 +1,10 @@
-"""Copy a model repository and render the chart's values into its embedder configs.
+r"""Copy a model repository and render the chart's values into its embedder configs.
 
 The init container of the chart's Triton pods runs this before the main container starts
 ``scripts/serve.sh`` on the copy (``MODEL_REPOSITORY``)::
 
-    python render_model_repository.py --source /opt/triton-embed/model_repository \\
-        --dest /models/repository --instances 4 --gpus 1 --hourly-price-usd 2.5 \\
+    python render_model_repository.py --source /opt/triton-embed/model_repository \
+        --dest /models/repository --instances 4 --gpus 1 --hourly-price-usd 2.5 \
         --model-config-name gpu
 
 Every embedder step of this project in the repository (``embedder`` of the ``embed``

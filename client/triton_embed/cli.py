@@ -3,7 +3,8 @@
 Subcommands:
     embed   embed a text file (one text per line) or JSONL into .npy (and optionally Parquet)
     query   the nearest texts of an embedded corpus to one or more queries
-    doctor  the host's GPU/CPU/NUMA topology and a placement plan for embedder instances
+    doctor  the host's GPU/CPU/NUMA topology and a placement plan for embedder instances;
+            Helm chart values for the host; inside a pod, a NUMA alignment check
     repository add|list|remove
             write, list or delete the Triton models of an embedding model in a model
             repository folder (the ensemble NAME and its steps NAME_tokenizer, NAME_embedder)
@@ -457,10 +458,37 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument(
         "--cpu-instances",
         type=positive_int,
-        default=2,
-        help="embedder instances on a CPU-only host, spread over NUMA nodes (default %(default)s)",
+        default=None,
+        help="embedder instances on a CPU-only host, spread over NUMA nodes (default 2; with "
+        "--chart-values 2 per NUMA node)",
     )
     d.add_argument("--plan-out", type=Path, default=None, help="also write the plan as JSON")
+    d.add_argument(
+        "--chart-values",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="FILE|-",
+        help="Helm values of deploy/helm/triton-embed for this host (pods per node, CPUs, "
+        "memory and GPUs per pod) as YAML, to FILE or, with - or no FILE, to standard output "
+        "instead of the report (docs/kubernetes.md)",
+    )
+    d.add_argument(
+        "--reserved-cores",
+        type=positive_int,
+        default=1,
+        help="with --chart-values: physical cores held back on every NUMA node for the "
+        "kubelet, the system and other pods (default %(default)s; twice that on a host with "
+        "one NUMA node)",
+    )
+    d.add_argument(
+        "--in-pod",
+        "--check-pod",
+        dest="in_pod",
+        action="store_true",
+        help="inside a pod: check that the container's CPUs (cpuset), memory nodes "
+        "(Mems_allowed_list) and GPUs are on one NUMA node; exit 0 ALIGNED, 1 NOT ALIGNED",
+    )
 
     r = sub.add_parser(
         "repository",
@@ -502,7 +530,8 @@ def main(argv: list[str] | None = None) -> int:
             # The doctor reads the serving host; the client never imports it otherwise.
             from triton_embed_server.doctor import run_doctor
 
-            run_doctor(args)
+            if run_doctor(args).get("aligned") is False:
+                return 1  # --in-pod: NOT ALIGNED
         elif args.command == "repository":
             run_repository(args)
         elif args.command == "gateway":

@@ -23,10 +23,13 @@ the doctor refuses to size pods from them.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import yaml
 from triton_embed_server.doctor import (
     CAPTURE_FILES,
     ChartValues,
@@ -35,10 +38,13 @@ from triton_embed_server.doctor import (
     gather_host,
     judge_alignment,
     plan_placement,
+    render_chart_values,
 )
 from triton_embed_server.topology import TopologyParseError, parse_cpu_list
 
 DATA = Path(__file__).resolve().parents[1] / "data"
+CHART = DATA.parents[1] / "deploy" / "helm" / "triton-embed"
+HELM = Path(sys.prefix) / "bin" / "helm"  # scripts/setup.sh installs it
 CAPTURES = DATA / "topology"
 KINDS = {"topo": "topo_m", "p2p": "p2p", "lscpu": "lscpu", "numactl": "numactl"}
 # tests/data/topology/README.md, "Host pairs across command types"
@@ -322,3 +328,38 @@ def test_an_oversized_pod_is_refused_with_topology_affinity_error(case, tmp_path
     # nothing was taken by the refused pods: the doctor's pods still all fit
     for _ in range(values.pods_per_host):
         fresh.admit(pod)
+
+
+@pytest.mark.skipif(
+    not (HELM.exists() and (CHART / "Chart.yaml").exists()), reason="needs helm and the chart"
+)
+@pytest.mark.parametrize("case", [c for c in CASES if EXPECTED[c] is not None])
+def test_doctor_values_render_as_the_simulated_pod(case, tmp_path):
+    """The chart takes the doctor's YAML as it is, and renders the pod the simulation admits."""
+    _, values = doctor_values(case, tmp_path)
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(render_chart_values(values))
+    done = subprocess.run(
+        [str(HELM), "template", "emb", str(CHART), "-f", str(values_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    deployment = next(
+        d
+        for d in yaml.safe_load_all(done.stdout)
+        if d and d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-triton")
+    )
+    pod = chart_pod(values)
+    assert deployment["spec"]["replicas"] == values.pods_per_host
+    (triton,) = [c for c in deployment["spec"]["template"]["spec"]["containers"]]
+    resources = triton["resources"]
+    assert resources["requests"] == resources["limits"]  # Guaranteed
+    assert resources["limits"]["cpu"] == str(pod.cpus)
+    assert resources["limits"]["memory"] == values.values()["triton"]["resources"]["memory"]
+    assert resources["limits"].get("nvidia.com/gpu", "0") == str(pod.gpus)
+    init = deployment["spec"]["template"]["spec"].get("initContainers", [])
+    # the pod's NUMA request is max(app containers' sum, each init container): the app's
+    assert all(int(c["resources"]["limits"]["cpu"]) <= pod.cpus for c in init)

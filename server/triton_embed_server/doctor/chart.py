@@ -379,7 +379,10 @@ def render_chart_values(values: ChartValues) -> str:
             f"  instancesPerGpu: {t['instancesPerGpu']}",
             "embedder instances per GPU (CPU pods: per pod)",
         ),
-        (f"  hourlyPriceUsd: {t['hourlyPriceUsd']}", "a pod's price per hour, for cost gauges"),
+        (
+            f"  hourlyPriceUsd: {t['hourlyPriceUsd']}",
+            "USD/h of one GPU (GPU pods) or of the pod (CPU pods); 0 = no cost gauges",
+        ),
         ("numa:", None),
         ("  singleNumaNode: true", "each pod's CPUs, memory and GPUs fit one NUMA node"),
         (f"  podsPerNode: {values_['numa']['podsPerNode']}", "pods per Kubernetes node"),

@@ -161,7 +161,7 @@ REPOSITORY_USAGE = """\
 actions and their flags:
   add     --repository DIR --model PATH --name NAME [--instances N] [--device cpu|gpu]
           [--max-length N] [--pooling mean|cls|lasttoken] [--normalize | --no-normalize]
-          [--dimensions any|LIST] [--max-chunks N] [--replace]
+          [--dimensions any|LIST] [--max-chunks N] [--served-model-name NAME] [--replace]
           write the ensemble NAME and its steps NAME_tokenizer and NAME_embedder (the
           ensemble embed keeps the steps tokenizer and embedder) from the model folder PATH
   list    --repository DIR [--json]

@@ -179,9 +179,9 @@ class EmbeddingClient:
             Larger values are capped at it. Reading ``max_batch_size`` (the model config) needs
             the admin key; if the server refuses that read (no key, or a wrong one), a given
             ``batch_size`` is used as it is.
-        truncation: ``NONE`` / ``END`` / ``START`` (case-insensitive), sent as the request
-            parameter ``truncation``; ``None`` keeps the server default (``END`` unless the
-            tokenizer model is configured otherwise).
+        truncation: ``NONE`` / ``END`` / ``START`` / ``CHUNK`` (case-insensitive), sent as
+            the request parameter ``truncation``; ``None`` keeps the server default (``END``
+            unless the tokenizer model is configured otherwise).
         allow_empty: sent as ``allow_empty``: embed empty texts instead of rejecting them;
             ``None`` keeps the server default (``false`` unless configured otherwise).
         invalid_utf8: ``error`` or ``replace`` (U+FFFD) for ``bytes`` texts that are not
@@ -511,7 +511,10 @@ def _map_error(
         message = exc.message() if hasattr(exc, "message") else message
     where = f"texts[{offset}:{offset + size}]: " if offset is not None and size else ""
     if is_refused(message):  # gRPC UNAVAILABLE, but the server is up: the key is missing/wrong
-        return AccessDeniedError(f"{where}server at {url} refused the call: {message}")
+        return AccessDeniedError(
+            f"{where}server at {url} refused the call: no admin key was sent, or not the "
+            f"server's ({message})"
+        )
     if "INVALID_ARGUMENT" in status or "400" == status:
         return _invalid_input(message, where, offset, size)
     if "DEADLINE_EXCEEDED" in status or "Deadline Exceeded" in message:

@@ -20,8 +20,23 @@ from triton_embed.admin import check_key, grpc_headers, read_admin_key
 from triton_embed.client import DEFAULT_URL, _map_error, check_url
 from triton_embed.errors import EmbedClientError, EmbedTimeoutError, InvalidInputError
 
-#: Seconds between readiness checks after a load.
+#: Seconds between readiness checks after a load or an unload.
 READY_POLL_S = 0.2
+#: The ensemble whose steps are named ``tokenizer`` and ``embedder`` (the shipped layout).
+LEGACY_NAME = "embed"
+#: The two step kinds, in ensemble order.
+STEPS = ("tokenizer", "embedder")
+
+
+def step_names(name: str) -> tuple[str, str]:
+    """The tokenizer and embedder step names of the ensemble ``name``.
+
+    ``NAME_tokenizer`` and ``NAME_embedder``; the shipped ``embed`` keeps ``tokenizer`` and
+    ``embedder``. ``triton-embed repository add`` names them so.
+    """
+    if name == LEGACY_NAME:
+        return STEPS
+    return f"{name}_tokenizer", f"{name}_embedder"
 
 
 def _failed(action: str, name: str, exc: BaseException, url: str) -> EmbedClientError:
@@ -53,10 +68,20 @@ def load_model(
         EmbedClientError: the server could not load it (an unknown model, a failing
             ``initialize``: Triton's message), or could not be reached.
     """
+    before = {m: _ready(grpc_client, m) for m in step_names(name)}
     try:
         grpc_client.load_model(name, headers=headers, client_timeout=timeout_s)
     except Exception as exc:  # tritonclient / grpc errors
-        raise _failed("load", name, exc, url) from None
+        error = _failed("load", name, exc, url)
+        # A step that loaded for this failed ensemble holds its memory (an embedder holds a
+        # vLLM engine) and serves nothing: unload it.
+        for step, was_ready in before.items():
+            if not was_ready and _ready(grpc_client, step):
+                try:
+                    grpc_client.unload_model(step, headers=headers, client_timeout=timeout_s)
+                except Exception:  # the load's error is the one to report
+                    pass
+        raise error from None
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -86,9 +111,10 @@ def unload_model(
     """
     try:
         steps = _steps(grpc_client, name, headers)
-        grpc_client.unload_model(
-            name, headers=headers, unload_dependents=True, client_timeout=timeout_s
-        )
+        if _ready(grpc_client, name):
+            grpc_client.unload_model(
+                name, headers=headers, unload_dependents=True, client_timeout=timeout_s
+            )
         ready = {
             m["name"]
             for m in grpc_client.get_model_repository_index(headers=headers, as_json=True).get(
@@ -100,13 +126,38 @@ def unload_model(
         for step in steps:
             if step in ready and step not in used:
                 grpc_client.unload_model(step, headers=headers, client_timeout=timeout_s)
+        # The unload call returns while the models are still UNLOADING: wait until they are
+        # gone, so "unloaded" means their stubs and memory are released.
+        deadline = time.monotonic() + timeout_s
+        while any(_ready(grpc_client, m) for m in (name, *steps)):
+            if time.monotonic() >= deadline:
+                raise EmbedTimeoutError(
+                    f"model {name!r} at {url} is still loaded {timeout_s:g} s after the unload"
+                )
+            time.sleep(READY_POLL_S)
+    except EmbedClientError:
+        raise
     except Exception as exc:  # tritonclient / grpc errors
         raise _failed("unload", name, exc, url) from None
 
 
+def _ready(grpc_client: Any, name: str) -> bool:
+    try:
+        return bool(grpc_client.is_model_ready(name))
+    except Exception:  # an unknown model: not ready
+        return False
+
+
 def _steps(grpc_client: Any, name: str, headers: dict[str, str] | None) -> list[str]:
-    """The step models of ensemble ``name`` (none for another model)."""
-    config = grpc_client.get_model_config(name, headers=headers, as_json=True)["config"]
+    """The step models of ensemble ``name``: from its live config, else by the naming rule.
+
+    A model that is not loaded has no live config; :func:`step_names` then names what
+    ``repository add`` wrote. A model that is not an ensemble has no steps.
+    """
+    try:
+        config = grpc_client.get_model_config(name, headers=headers, as_json=True)["config"]
+    except Exception:  # not loaded (or unknown): the naming rule
+        return list(step_names(name))
     return [s["model_name"] for s in config.get("ensemble_scheduling", {}).get("step", [])]
 
 

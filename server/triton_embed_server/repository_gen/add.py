@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from triton_embed_server.config import MIN_MAX_LENGTH
 from triton_embed_server.model_files import PACKAGE_SCHEME, resolve_model_path
 from triton_embed_server.model_spec import ModelFolderError, Pooling, read_model_spec
 from triton_embed_server.repository import precompile
@@ -63,6 +64,13 @@ def add_model(repository: Path, options: ModelOptions, replace: bool = False) ->
         raise RepositoryError(f"--model {options.model}: {exc}") from None
     except ValueError as exc:  # an override: pooling=..., dimensions: ...
         raise RepositoryError(str(exc)) from None
+    if 0 < options.max_length < MIN_MAX_LENGTH:
+        raise RepositoryError(
+            f"--max-length {options.max_length} leaves no room for text next to the special "
+            f"tokens; pass at least {MIN_MAX_LENGTH}, or 0 for the model's own limit"
+        )
+    if repository.exists() and not repository.is_dir():
+        raise RepositoryError(f"--repository {repository} is a file, not a model repository folder")
     if options.max_length > spec.max_length:
         raise RepositoryError(
             f"--max-length {options.max_length} is more than the model's own limit, "
@@ -119,8 +127,9 @@ def _model_folder(model: str) -> tuple[str, Path]:
             raise RepositoryError(f"--model {model}: {exc}") from None
     folder = Path(model).expanduser().resolve()
     if not folder.is_dir():
+        what = "is a file, not a folder" if folder.exists() else "no such folder"
         raise RepositoryError(
-            f"--model {model}: no such folder; give a local model folder (config.json, "
+            f"--model {model}: {what}; give a local model folder (config.json, "
             "tokenizer.json, weights) or pkg://<package>/<subdir>"
         )
     return str(folder), folder

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import re
 
+from triton_embed.model_control import LEGACY_NAME, STEPS, step_names
+
 #: A model name: what Triton accepts as a folder name and a client can type unquoted.
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 MAX_NAME_CHARS = 100
-#: The ensemble whose steps are named ``tokenizer`` and ``embedder`` (the shipped layout).
-LEGACY_NAME = "embed"
-#: The two step kinds, in ensemble order.
-STEPS = ("tokenizer", "embedder")
+__all__ = ["LEGACY_NAME", "MAX_NAME_CHARS", "NAME_PATTERN", "STEPS", "check_name", "step_names"]
 
 
 class RepositoryError(ValueError):
@@ -30,10 +29,3 @@ def check_name(name: str) -> str:
             "A-Z a-z 0-9 _ . -, starting with a letter or digit"
         )
     return name
-
-
-def step_names(name: str) -> tuple[str, str]:
-    """The tokenizer and embedder step names of the ensemble ``name``."""
-    if name == LEGACY_NAME:
-        return STEPS
-    return f"{name}_tokenizer", f"{name}_embedder"

@@ -1,8 +1,8 @@
 """What the supervisor reads from, and adds to, tritonserver's command line.
 
 :func:`option_value` reads one option; :func:`server_arguments` adds explicit model control
-(model reloads need it); :func:`server_endpoints` lists the HTTP, gRPC and metrics endpoints
-the server will listen on (a restart waits for their ports).
+(model reloads need it) and non-strict readiness; :func:`server_endpoints` lists the HTTP,
+gRPC and metrics endpoints the server will listen on (a restart waits for their ports).
 """
 
 from __future__ import annotations
@@ -19,11 +19,27 @@ def option_value(args: list[str], name: str, default: str) -> str:
     return value
 
 
+def _given(args: list[str], name: str) -> bool:
+    return any(a == name or a.startswith(name + "=") for a in args)
+
+
 def server_arguments(args: list[str]) -> list[str]:
-    """``args`` plus explicit model control (needed for reloads) unless a mode is given."""
-    if any(a == "--model-control-mode" or a.startswith("--model-control-mode=") for a in args):
-        return list(args)
-    return [*args, "--model-control-mode", "explicit", "--load-model", "*"]
+    """``args`` plus explicit model control and non-strict readiness, unless given.
+
+    Explicit model control: reloads need it. ``--strict-readiness false``: with Triton's
+    default (true) the whole server reports not ready (``/v2/health/ready`` 400) while any
+    model is unloading, and for good after a model fails to load through the repository API
+    (Triton 2.51 keeps the failed load's state until a load of that name succeeds), so one
+    bad ``repository load`` would take every model of the server out of its load balancer.
+    The server is still not ready before its initial models are loaded (its endpoints open
+    only then) and per-model readiness (``/v2/models/<name>/ready``) is unchanged.
+    """
+    out = list(args)
+    if not _given(args, "--model-control-mode"):
+        out += ["--model-control-mode", "explicit", "--load-model", "*"]
+    if not _given(args, "--strict-readiness"):
+        out += ["--strict-readiness", "false"]
+    return out
 
 
 def server_endpoints(args: list[str]) -> list[tuple[str, str, int]]:

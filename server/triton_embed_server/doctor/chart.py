@@ -349,7 +349,7 @@ def render_chart_values(values: ChartValues) -> str:
     )
     what = "one per NUMA node with GPUs" if v.kind == "gpu" else "one per NUMA node"
     out = [
-        "# Helm values for deploy/helm/triton-embed on this host: triton-embed doctor "
+        "# Helm values for this host (chart deploy/helm/triton-embed), from triton-embed doctor "
         "--chart-values",
         f"# {v.pods_per_host} pod(s) per host, {what} ({nodes}).",
         f"# Held back for the kubelet, the system and other pods: {held}.",

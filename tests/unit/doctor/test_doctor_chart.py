@@ -82,9 +82,15 @@ def test_rendered_yaml_is_exactly_the_chart_keys_with_comments():
     assert set(loaded["triton"]["resources"]) == {"cpu", "memory"}
     assert isinstance(loaded["triton"]["resources"]["cpu"], int)
     lines = text.splitlines()
-    assert lines[0].startswith("# Helm values for deploy/helm/triton-embed")
+    assert lines[0].startswith("# Helm values for this host (chart deploy/helm/triton-embed)")
     assert '#   reservedSystemCPUs: "0"' in lines
     assert any("separate replicas" in line and "tensor-parallel" in line for line in lines)
+
+
+def test_the_example_in_docs_kubernetes_md_is_the_doctors_output():
+    doc = (CAPTURES.parents[2] / "docs" / "kubernetes.md").read_text()
+    block = doc.split("```yaml\n# Helm values for this host", 1)[1].split("```", 1)[0]
+    assert "# Helm values for this host" + block == render_chart_values(values_of(asus_host()))
 
 
 def test_runpod_smt_pods_take_whole_cores_and_memory_is_assumed_with_a_warning():

@@ -27,7 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from triton_embed_server.doctor.gather import COMMANDS, CommandOutput, run_command
+from triton_embed_server.doctor.gather import (
+    COMMAND_TIMEOUT_S,
+    COMMANDS,
+    CommandOutput,
+    run_command,
+)
 from triton_embed_server.doctor.host import HostGpu, build_host
 from triton_embed_server.topology import (
     SYSFS_NODE_ROOT,
@@ -230,7 +235,7 @@ def read_visible_gpus(
         TopologyParseError: nvidia-smi answered with a matrix that cannot be parsed.
     """
     notes: list[str] = []
-    out = run(COMMANDS["topo_m"], 10.0)
+    out = run(COMMANDS["topo_m"], COMMAND_TIMEOUT_S)
     if out.text is not None:
         gpus = build_host(topo=parse_topo_matrix(out.text), numa=numa).gpus
         source = TOPO_CMD

@@ -213,6 +213,22 @@ def test_triton_pod_resources_are_the_values(value_set):
         assert "nvidia.com/gpu" not in c["resources"]["limits"], "the init step needs no GPU"
 
 
+@pytest.mark.parametrize("value_set", SETS)
+def test_cpu_pods_give_vllm_an_explicit_kv_cache_within_the_pod(value_set):
+    # vLLM's CPU backend otherwise reserves gpu_memory_utilization of the NUMA node's RAM,
+    # whatever the pod's memory limit.
+    v = values(value_set)["triton"]
+    spec = triton_pod(render(value_set))
+    env = {e["name"]: e.get("value") for e in container(spec, "triton")["env"]}
+    if v["gpusPerPod"]:
+        assert "VLLM_CPU_KVCACHE_SPACE" not in env
+        return
+    kv_bytes = v["instancesPerGpu"] * int(env["VLLM_CPU_KVCACHE_SPACE"]) * 2**30
+    (dshm,) = [vol for vol in spec["volumes"] if vol["name"] == "dshm"]
+    shm = quantity_bytes(dshm["emptyDir"]["sizeLimit"])
+    assert kv_bytes + shm < quantity_bytes(v["resources"]["memory"])
+
+
 # ---- what runs: scripts/serve.sh on the rendered repository ---------------------------------
 
 

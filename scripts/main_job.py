@@ -17,85 +17,23 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
 import time
-import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 from triton_embed import EmbeddingClient, cli
 from triton_embed.admin import ADMIN_KEY_ENV
 from triton_embed.corpus import read_fortunes, read_texts, write_jsonl
-from triton_embed_server.gateway.auth import API_KEY_ENV
-from triton_embed_server.launcher import REPO_ROOT, TritonServer, free_port
+from triton_embed_server.launcher import REPO_ROOT, Gateway, TritonServer
 
 QUERIES = [
     "a computer program that does not work",
     "advice about love and marriage",
     "what the law says about crime",
 ]
-#: Seconds the gateway may take to list the ``embed`` model (it reads the server's configs).
-GATEWAY_READY_TIMEOUT_S = 60.0
 #: Corpus texts shown per query.
 TOP_K = 3
-
-
-@contextmanager
-def gateway(server: TritonServer, log_path: Path) -> Iterator[str]:
-    """The HTTP gateway in front of ``server`` on a free loopback port; yields its base URL.
-
-    Runs ``python -m triton_embed_server.gateway --upstream <server's gRPC> --port <port>``
-    with the server's admin key in its environment (it lists the server's models and reads
-    their configs) and no client API key; stops that process by its PID (SIGTERM, SIGKILL
-    after 30 s) when the block ends.
-
-    Raises:
-        RuntimeError: the gateway exited, or did not list ``embed`` within
-            :data:`GATEWAY_READY_TIMEOUT_S` (the message holds the end of its log).
-    """
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    argv = [
-        sys.executable, "-m", "triton_embed_server.gateway",
-        "--upstream", server.grpc_url, "--port", str(port),
-    ]  # fmt: skip
-    env = {**os.environ, ADMIN_KEY_ENV: server.admin_key}
-    env.pop(API_KEY_ENV, None)  # on loopback, for this job only: no client key
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
-    try:
-        deadline = time.monotonic() + GATEWAY_READY_TIMEOUT_S
-        while not _lists_embed(url):
-            if process.poll() is not None:
-                problem = f"exited with {process.returncode}"
-            elif time.monotonic() > deadline:
-                problem = f"not ready after {GATEWAY_READY_TIMEOUT_S:.0f} s"
-            else:
-                time.sleep(0.2)
-                continue
-            tail = log_path.read_bytes()[-4000:].decode("utf-8", "replace")
-            raise RuntimeError(f"gateway {problem}; log {log_path}:\n{tail}")
-        yield url
-    finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
-def _lists_embed(url: str) -> bool:
-    """``GET /v1/models`` of the gateway lists the ``embed`` ensemble."""
-    try:
-        with urllib.request.urlopen(f"{url}/v1/models", timeout=2) as resp:
-            return any(m["id"] == "embed" for m in json.load(resp)["data"])
-    except (OSError, ValueError, KeyError):
-        return False
 
 
 def query_through_gateway(server: TritonServer, embeddings: Path, corpus: Path, log: Path) -> int:
@@ -113,7 +51,8 @@ def query_through_gateway(server: TritonServer, embeddings: Path, corpus: Path, 
     with EmbeddingClient(server.grpc_url, admin_key=server.admin_key) as client:
         grpc_vectors = client.embed(QUERIES)
     t0 = time.perf_counter()
-    with gateway(server, log) as url:
+    with Gateway([server.grpc_url], server.admin_key, log_path=log) as gw:
+        url = gw.base_url
         ready_s = time.perf_counter() - t0
         sdk = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
         t1 = time.perf_counter()

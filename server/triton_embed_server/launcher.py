@@ -224,3 +224,135 @@ class TritonServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+@dataclass
+class Gateway:
+    """The HTTP gateway (``python -m triton_embed_server.gateway``) on a free loopback port.
+
+    Use as a context manager, or call :meth:`start` and :meth:`stop`::
+
+        with TritonServer() as server, Gateway([server.grpc_url], server.admin_key) as gw:
+            OpenAI(base_url=f"{gw.base_url}/v1", api_key="unused")
+
+    Attributes:
+        upstreams: the servers' gRPC ``host:port``.
+        admin_key: the servers' admin key (the gateway reads the ensembles' configs).
+        api_key: the key clients must send (``Authorization: Bearer``); ``None``: open.
+        model: :meth:`start` waits until ``GET /v1/models`` lists this model.
+        workers: uvicorn worker processes.
+        ready_timeout_s: how long :meth:`start` waits.
+        port: the gateway's port on 127.0.0.1 (a free one unless given).
+        log_path: its stdout and stderr (a temporary file unless given).
+        process: the gateway process, once started.
+    """
+
+    upstreams: list[str]
+    admin_key: str = field(repr=False)
+    api_key: str | None = field(default=None, repr=False)
+    model: str = "embed"
+    workers: int = 1
+    ready_timeout_s: float = 60.0
+    port: int = field(default_factory=free_port)
+    log_path: Path | None = None
+    process: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:<port>``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        """The ``Authorization`` header clients send (empty for an open gateway)."""
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def command(self) -> list[str]:
+        """The gateway's command line (the API key goes in a file, never on it)."""
+        return [
+            sys.executable, "-m", "triton_embed_server.gateway",
+            "--upstream", ",".join(self.upstreams), "--host", "127.0.0.1",
+            "--port", str(self.port), "--workers", str(self.workers),
+        ]  # fmt: skip
+
+    def start(self) -> Gateway:
+        """Start the gateway and wait until it lists :attr:`model`.
+
+        Raises:
+            RuntimeError: it exited, or did not list the model within ``ready_timeout_s``
+                (the message holds its log's tail); it is stopped first.
+        """
+        if self.log_path is None:
+            fd, name = tempfile.mkstemp(prefix="gateway-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(name)
+        argv = self.command()
+        env = {**os.environ, "TRITON_EMBED_ADMIN_KEY": self.admin_key}
+        env.pop("TRITON_EMBED_GATEWAY_API_KEY", None)
+        if self.api_key is not None:
+            key_file = self.log_path.with_suffix(".key")
+            key_file.touch(mode=0o600)
+            key_file.write_text(self.api_key)
+            argv += ["--api-key-file", str(key_file)]
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        import json
+
+        deadline = time.monotonic() + self.ready_timeout_s
+        request = urllib.request.Request(f"{self.base_url}/v1/models", headers=self.auth_headers)
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"gateway exited with {self.process.returncode}:\n{self.log_tail()}"
+                )
+            try:
+                with urllib.request.urlopen(request, timeout=2) as r:
+                    if any(m.get("id") == self.model for m in json.loads(r.read())["data"]):
+                        return
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(
+            f"gateway did not list {self.model!r} within {self.ready_timeout_s:g} s:\n"
+            f"{self.log_tail()}"
+        )
+
+    def log_tail(self, chars: int = 6000) -> str:
+        """The last ``chars`` characters of the gateway's log."""
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return self.log_path.read_bytes()[-chars:].decode("utf-8", "replace")
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        """SIGTERM the gateway, SIGKILL it after ``timeout_s``.
+
+        Returns:
+            Its exit code, or ``None`` if it was never started.
+        """
+        proc = self.process
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        return proc.returncode
+
+    def __enter__(self) -> Gateway:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

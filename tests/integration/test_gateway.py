@@ -10,19 +10,13 @@ request. TEI's routes answer in TEI's shapes.
 from __future__ import annotations
 
 import base64
-import os
-import subprocess
-import sys
-import tempfile
-import time
-from pathlib import Path
 
 import httpx
 import numpy as np
 import orjson
 import pytest
 from triton_embed import EmbeddingClient
-from triton_embed_server.launcher import free_port
+from triton_embed_server.launcher import Gateway
 
 from tests.helpers import COSINE_MIN, DIM, MAX_LENGTH, cosines
 
@@ -30,7 +24,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 API_KEY = "gateway-test-key-5f1c0e"
 ALIAS = "sentence-transformers/all-MiniLM-L6-v2"
-READY_TIMEOUT_S = 60.0
 
 
 def texts(n: int, start: int = 0) -> list[str]:
@@ -39,63 +32,11 @@ def texts(n: int, start: int = 0) -> list[str]:
     return [f"text {i} is about {topics[i % len(topics)]}" for i in range(start, start + n)]
 
 
-class Gateway:
-    """A gateway subprocess on a free loopback port; stopped by :meth:`stop`."""
-
-    def __init__(self, server, api_key: str | None):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = Path(tempfile.mkstemp(prefix="gateway-", suffix=".log")[1])
-        argv = [
-            sys.executable, "-m", "triton_embed_server.gateway",
-            "--upstream", server.grpc_url, "--port", str(self.port),
-        ]  # fmt: skip
-        env = {**os.environ, "TRITON_EMBED_ADMIN_KEY": server.admin_key}
-        env.pop("TRITON_EMBED_GATEWAY_API_KEY", None)
-        if api_key is not None:
-            key_file = self.log_path.with_suffix(".key")
-            key_file.write_text(api_key)
-            argv += ["--api-key-file", str(key_file)]
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
-
-    def wait_ready(self, headers: dict[str, str]) -> None:
-        """Until ``/v1/models`` lists ``embed``; raises with the log on failure."""
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"gateway exited {self.process.returncode}:\n{self.log()}")
-            try:
-                r = httpx.get(f"{self.url}/v1/models", headers=headers, timeout=2)
-                if r.status_code == 200 and any(m["id"] == "embed" for m in r.json()["data"]):
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"gateway not ready after {READY_TIMEOUT_S:.0f} s:\n{self.log()}")
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-6000:]
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
 @pytest.fixture(scope="module")
 def gateway(server):
-    gw = Gateway(server, API_KEY)
-    try:
-        gw.wait_ready({"Authorization": f"Bearer {API_KEY}"})
+    with Gateway([server.grpc_url], server.admin_key, api_key=API_KEY) as gw:
         yield gw
-    finally:
-        gw.stop()
-        print(f"\ngateway log: {gw.log_path}")
+    print(f"\ngateway log: {gw.log_path}")
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +49,7 @@ def grpc(server):
 def openai_client(gateway):
     import openai
 
-    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=API_KEY, max_retries=0)
+    return openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=API_KEY, max_retries=0)
 
 
 def auth() -> dict[str, str]:
@@ -145,7 +86,7 @@ def test_openai_sdk_float_equals_the_float32_values(openai_client, grpc):
 def test_base64_carries_the_servers_bytes(gateway, grpc):
     batch = texts(3, start=7000)
     r = httpx.post(
-        f"{gateway.url}/v1/embeddings",
+        f"{gateway.base_url}/v1/embeddings",
         headers=auth(),
         json={"model": "embed", "input": batch, "encoding_format": "base64"},
     )
@@ -186,7 +127,7 @@ def test_langchain_openai_embeddings_equal_the_grpc_vectors(gateway, grpc):
 
     embeddings = OpenAIEmbeddings(
         model="embed",
-        base_url=f"{gateway.url}/v1",
+        base_url=f"{gateway.base_url}/v1",
         api_key=API_KEY,
         check_embedding_ctx_length=False,
     )
@@ -204,7 +145,7 @@ def test_langchain_openai_embeddings_equal_the_grpc_vectors(gateway, grpc):
 def test_a_30_megabyte_body_is_413(gateway):
     body = orjson.dumps({"model": "embed", "input": ["x" * 1000] * 30000})
     assert len(body) > 30 * 10**6
-    r = httpx.post(f"{gateway.url}/v1/embeddings", headers=auth(), content=body, timeout=60)
+    r = httpx.post(f"{gateway.base_url}/v1/embeddings", headers=auth(), content=body, timeout=60)
     assert r.status_code == 413
     assert "the gateway accepts at most 16777216 bytes" in r.json()["error"]["message"]
 
@@ -238,16 +179,16 @@ def test_an_unknown_model_is_404(openai_client):
 def test_a_wrong_or_missing_key_is_401(gateway):
     import openai
 
-    wrong = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="wrong", max_retries=0)
+    wrong = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         wrong.embeddings.create(model="embed", input="x")
-    r = httpx.post(f"{gateway.url}/v1/embeddings", json={"model": "embed", "input": "x"})
+    r = httpx.post(f"{gateway.base_url}/v1/embeddings", json={"model": "embed", "input": "x"})
     assert r.status_code == 401
     assert r.headers["www-authenticate"].startswith("Bearer")
-    assert httpx.post(f"{gateway.url}/embed", json={"inputs": "x"}).status_code == 401
-    assert httpx.get(f"{gateway.url}/health").status_code == 200
-    assert httpx.get(f"{gateway.url}/metrics").status_code == 200
-    assert API_KEY not in gateway.log()
+    assert httpx.post(f"{gateway.base_url}/embed", json={"inputs": "x"}).status_code == 401
+    assert httpx.get(f"{gateway.base_url}/health").status_code == 200
+    assert httpx.get(f"{gateway.base_url}/metrics").status_code == 200
+    assert API_KEY not in gateway.log_tail()
 
 
 def test_an_over_long_text_without_truncation_is_400_naming_its_index(openai_client):
@@ -267,25 +208,26 @@ def test_an_over_long_text_without_truncation_is_400_naming_its_index(openai_cli
 
 def test_tei_embed(gateway, grpc):
     batch = texts(3, start=300)
-    r = httpx.post(f"{gateway.url}/embed", headers=auth(), json={"inputs": batch})
+    r = httpx.post(f"{gateway.base_url}/embed", headers=auth(), json={"inputs": batch})
     assert r.status_code == 200
     got = np.array(r.json(), dtype=np.float32)
     assert got.shape == (3, DIM)
     assert np.array_equal(got, grpc.embed(batch))  # normalized by the model: sent as they are
-    r = httpx.post(f"{gateway.url}/embed", headers=auth(), json={"inputs": "one"})
+    r = httpx.post(f"{gateway.base_url}/embed", headers=auth(), json={"inputs": "one"})
     assert len(r.json()) == 1 and len(r.json()[0]) == DIM
-    r = httpx.post(f"{gateway.url}/embed", headers=auth(), json={"inputs": "x", "normalize": False})
+    unnormalized = {"inputs": "x", "normalize": False}
+    r = httpx.post(f"{gateway.base_url}/embed", headers=auth(), json=unnormalized)
     assert r.status_code == 400 and r.json()["error_type"] == "Validation"
     long = {"inputs": ["short", "word " * 600]}
-    r = httpx.post(f"{gateway.url}/embed", headers=auth(), json=long)
+    r = httpx.post(f"{gateway.base_url}/embed", headers=auth(), json=long)
     assert r.status_code == 400 and "text 1 has 602 tokens" in r.json()["error"]
-    r = httpx.post(f"{gateway.url}/embed", headers=auth(), json={**long, "truncate": True})
+    r = httpx.post(f"{gateway.base_url}/embed", headers=auth(), json={**long, "truncate": True})
     assert r.status_code == 200
 
 
 def test_tei_tokenize_gives_the_tokenizers_ids(gateway, hf_tokenizer):
     batch = ["Hello world", "tokenize me, please"]
-    r = httpx.post(f"{gateway.url}/tokenize", headers=auth(), json={"inputs": batch})
+    r = httpx.post(f"{gateway.base_url}/tokenize", headers=auth(), json={"inputs": batch})
     assert r.status_code == 200
     assert [[t["id"] for t in tokens] for tokens in r.json()] == [
         hf_tokenizer(t)["input_ids"] for t in batch
@@ -294,16 +236,16 @@ def test_tei_tokenize_gives_the_tokenizers_ids(gateway, hf_tokenizer):
 
 
 def test_tei_info_and_health(gateway):
-    info = httpx.get(f"{gateway.url}/info", headers=auth()).json()
+    info = httpx.get(f"{gateway.base_url}/info", headers=auth()).json()
     assert info["model_id"] == ALIAS
     assert info["max_input_length"] == MAX_LENGTH
     assert info["max_client_batch_size"] == 2048
     assert info["model_type"] == {"embedding": {"pooling": "mean"}}
-    r = httpx.get(f"{gateway.url}/health")
+    r = httpx.get(f"{gateway.base_url}/health")
     assert r.status_code == 200 and r.content == b""
 
 
 def test_the_gateway_counts_its_requests(gateway):
-    text = httpx.get(f"{gateway.url}/metrics").text
+    text = httpx.get(f"{gateway.base_url}/metrics").text
     assert 'triton_embed_gateway_upstream_up{upstream="127.0.0.1:' in text
     assert 'route="/v1/embeddings",status="200"' in text

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +28,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from triton_embed import EmbeddingClient
 from triton_embed_server.admin_key import generate_key
-from triton_embed_server.launcher import TritonServer, free_port
+from triton_embed_server.launcher import Gateway, TritonServer
 from triton_embed_server.repository import copy_repository, edit_config
 from triton_embed_server.supervisor import remove_shm_regions, stub_shm_region
 
@@ -91,49 +89,18 @@ def stub_regions(server: TritonServer) -> list[str]:
     return [r for r in regions if r]
 
 
-class Gateway:
-    """``python -m triton_embed_server.gateway --upstream a,b`` on a free loopback port."""
-
-    def __init__(self, upstreams: list[str], admin_key: str, log_path: Path):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        argv = [
-            sys.executable, "-m", "triton_embed_server.gateway",
-            "--upstream", ",".join(upstreams), "--port", str(self.port),
-        ]  # fmt: skip
-        env = {**os.environ, "TRITON_EMBED_ADMIN_KEY": admin_key}
-        env.pop("TRITON_EMBED_GATEWAY_API_KEY", None)  # an open gateway
-        with open(log_path, "wb") as log:
-            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-8000:]
-
-    def wait_up(self, upstreams: list[str], timeout_s: float = 60.0) -> None:
-        """Until every upstream is up and ``/v1/models`` lists ``embed``."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, f"gateway exited:\n{self.log()}"
-            try:
-                models = httpx.get(f"{self.url}/v1/models", timeout=2).json()["data"]
-                if any(m["id"] == "embed" for m in models) and all(
-                    upstream_up(self.url, u) == 1 for u in upstreams
-                ):
-                    return
-            except (httpx.HTTPError, KeyError, ValueError):
-                pass
-            time.sleep(0.2)
-        pytest.fail(f"gateway not up on {upstreams} after {timeout_s:.0f} s:\n{self.log()}")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+def wait_all_up(gw: Gateway, upstreams: list[str], timeout_s: float = 60.0) -> None:
+    """Until every upstream of the gateway is up (it already lists ``embed``)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert gw.process.poll() is None, f"gateway exited:\n{gw.log_tail()}"
+        try:
+            if all(upstream_up(gw.base_url, u) == 1 for u in upstreams):
+                return
+        except (httpx.HTTPError, KeyError, ValueError):
+            pass
+        time.sleep(0.2)
+    pytest.fail(f"gateway not up on {upstreams} after {timeout_s:.0f} s:\n{gw.log_tail()}")
 
 
 @dataclass
@@ -182,13 +149,11 @@ def pair(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gateway(pair):
-    gw = Gateway([pair.a.grpc_url, pair.b.grpc_url], pair.admin_key, pair.logs / "gateway.log")
-    try:
-        gw.wait_up([pair.a.grpc_url, pair.b.grpc_url])
+    upstreams = [pair.a.grpc_url, pair.b.grpc_url]
+    with Gateway(upstreams, pair.admin_key, log_path=pair.logs / "gateway.log") as gw:
+        wait_all_up(gw, upstreams)
         yield gw
-    finally:
-        gw.stop()
-        print(f"\ngateway log: {gw.log_path}")
+    print(f"\ngateway log: {gw.log_path}")
 
 
 @pytest.fixture(scope="module")
@@ -283,7 +248,7 @@ def wait_for(condition, timeout_s: float, what: str, log: str = "") -> float:
 def test_a_killed_upstream_costs_no_request_and_is_put_back(pair, gateway, reference):
     a, b_url = pair.a, pair.b.grpc_url
     first = {"a": embed_successes(a), "b": embed_successes(pair.b)}
-    load = Load(gateway.url, reference).start()
+    load = Load(gateway.base_url, reference).start()
     t_load = time.monotonic()
     try:
         # Both servers take requests before the kill.
@@ -303,13 +268,13 @@ def test_a_killed_upstream_costs_no_request_and_is_put_back(pair, gateway, refer
         remove_shm_regions(regions)
         pair.old_b = dead
         t_out = wait_for(
-            lambda: upstream_up(gateway.url, b_url) == 0,
+            lambda: upstream_up(gateway.base_url, b_url) == 0,
             TAKEN_OUT_WITHIN_S,
             "the gateway takes the dead upstream out",
-            gateway.log(),
+            gateway.log_tail(),
         )
         time.sleep(max(0.0, t_load + LOAD_S - time.monotonic()))
-        retries_after_kill = metric_sum(gateway_samples(gateway.url), RETRIES)
+        retries_after_kill = metric_sum(gateway_samples(gateway.base_url), RETRIES)
         answered_by_a_alone = load.since(t_out)
 
         # A new server on b's ports, under a light load meanwhile; the gateway puts it back.
@@ -325,10 +290,10 @@ def test_a_killed_upstream_costs_no_request_and_is_put_back(pair, gateway, refer
         t_ready = time.monotonic()
         assert pair.b.grpc_url == b_url
         t_back = wait_for(
-            lambda: upstream_up(gateway.url, b_url) == 1,
+            lambda: upstream_up(gateway.base_url, b_url) == 1,
             PUT_BACK_WITHIN_S,
             "the gateway puts the new server back",
-            gateway.log(),
+            gateway.log_tail(),
         )
         load.pause_s = 0.0
         before = {"a": embed_successes(a), "b": embed_successes(pair.b)}
@@ -341,7 +306,7 @@ def test_a_killed_upstream_costs_no_request_and_is_put_back(pair, gateway, refer
     outcomes = load.since(t_load)
     failed = [o for o in outcomes if o.error]
     while_out = [o for o in outcomes if t_kill <= o.sent <= t_back]
-    samples = gateway_samples(gateway.url)
+    samples = gateway_samples(gateway.base_url)
     retries = metric_sum(samples, RETRIES)
     served = {k: after[k] - before[k] for k in after}
     statuses = {

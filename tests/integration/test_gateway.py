@@ -10,13 +10,14 @@ request. TEI's routes answer in TEI's shapes.
 from __future__ import annotations
 
 import base64
+import re
 
 import httpx
 import numpy as np
 import orjson
 import pytest
 from triton_embed import EmbeddingClient
-from triton_embed_server.launcher import Gateway
+from triton_embed_server.launcher import REPO_ROOT, Gateway
 
 from tests.helpers import COSINE_MIN, DIM, MAX_LENGTH, cosines
 
@@ -246,6 +247,17 @@ def test_tei_info_and_health(gateway):
 
 
 def test_the_gateway_counts_its_requests(gateway):
+    body = {"model": "embed", "input": "counted"}
+    assert httpx.post(f"{gateway.base_url}/v1/embeddings", headers=auth(), json=body).is_success
     text = httpx.get(f"{gateway.base_url}/metrics").text
     assert 'triton_embed_gateway_upstream_up{upstream="127.0.0.1:' in text
     assert 'route="/v1/embeddings",status="200"' in text
+    # every gateway series the shipped dashboard and alert rules read exists on a real gateway
+    shipped = "".join(
+        (REPO_ROOT / "scripts" / "monitoring" / f).read_text()
+        for f in ("grafana_dashboard.json", "prometheus_rules.yml")
+    )
+    referenced = set(re.findall(r"\btriton_embed_gateway_[a-z_]+", shipped))
+    names = set(re.findall(r"^(triton_embed_gateway_[a-z_]+)", text, flags=re.MULTILINE))
+    missing = {r for r in referenced if r not in names and f"{r}_bucket" not in names}
+    assert len(referenced) >= 4 and not missing, missing

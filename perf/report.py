@@ -239,13 +239,7 @@ def summarize_rounds(rows: list[dict], out_dir: Path) -> str:
                 + " / ".join(f"{x:.2f}" for x in paired)
                 + (f" ({verdict})" if verdict else "")
             )
-    lines += [
-        "",
-        "Latency at concurrency 1, 1 text/request (median over the rounds; p99 range):",
-        "",
-        "| contender | length | p50 ms | p99 ms | p99 range ms |",
-        "|---|---|---|---|---|",
-    ]
+    latency = []
     for n in lengths:
         for c in LATENCY_CONTENDERS:
             runs = [
@@ -261,10 +255,19 @@ def summarize_rounds(rows: list[dict], out_dir: Path) -> str:
                 continue
             p50 = statistics.median(r["p50_ms"] for r in runs)
             p99s = [r["p99_ms"] for r in runs]
-            lines.append(
+            latency.append(
                 f"| {c} | {label(n)} | {p50:.1f} | {statistics.median(p99s):.1f} | "
                 f"{min(p99s):.1f}-{max(p99s):.1f} |"
             )
+    if latency:
+        lines += [
+            "",
+            "Latency at concurrency 1, 1 text/request (median over the rounds; p99 range):",
+            "",
+            "| contender | length | p50 ms | p99 ms | p99 range ms |",
+            "|---|---|---|---|---|",
+            *latency,
+        ]
     text = "\n".join(lines) + "\n"
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "summary.md").write_text(text)

@@ -366,7 +366,14 @@ def test_command_line_flags():
 
 
 @pytest.mark.parametrize(
-    "module", ["perf.bench", "perf.contenders.engine", "perf.stub_profile", "perf.gpu_sweep"]
+    "module",
+    [
+        "perf.bench",
+        "perf.contenders.engine",
+        "perf.stub_profile",
+        "perf.gpu_sweep",
+        "perf.gateway_profile",
+    ],
 )
 def test_programs_run_as_modules_from_the_repository_root(module):
     proc = subprocess.run(
@@ -386,3 +393,53 @@ def test_idle_cpu_measures_the_machine_and_each_process_tree():
     machine, cores = bench.idle_cpu({"this test": os.getpid()}, seconds=0.2)
     assert 0.0 <= machine <= 100.0
     assert set(cores) == {"this test"} and cores["this test"] >= 0.0
+
+
+def test_gateway_profile_sorts_samples_by_their_innermost_known_frame(tmp_path):
+    from perf import gateway_profile
+
+    raw = tmp_path / "gateway.txt"
+    site = "/x/.venv/lib/python3.11/site-packages"
+    raw.write_text(
+        f"run (asyncio/runners.py:1);embeddings (/r/server/triton_embed_server/gateway/"
+        f"openai_api.py:9);dumps ({site}/orjson/__init__.py:3) 3\n"
+        f"run (asyncio/runners.py:1);infer ({site}/tritonclient/grpc/aio/__init__.py:5) 6\n"
+        "run (asyncio/runners.py:1);_run_once (asyncio/base_events.py:2) 1\n"
+    )
+    summary = gateway_profile.summarize_collapsed(raw)
+    assert summary["samples"] == 10
+    assert summary["categories"] == {
+        "gRPC client (tritonclient, grpc.aio, protobuf)": 0.6,
+        "JSON and base64": 0.3,
+        "event loop (asyncio, uvloop)": 0.1,
+    }
+    assert summary["top_frames"]["infer (tritonclient/grpc/aio/__init__.py:5)"] == 0.6
+
+
+def test_rounds_summary_without_concurrency_1_has_no_latency_table(tmp_path):
+    rows = [r for r in rounds_rows() if r["concurrency"] != 1]
+    assert "Latency at concurrency 1" not in report.summarize_rounds(rows, tmp_path)
+
+
+def test_gateway_profile_reads_texts_and_batches_from_tritons_counters(tmp_path):
+    from perf import gateway_profile
+
+    scrape = tmp_path / "metrics.txt"
+    scrape.write_text(
+        "# HELP nv_inference_count Inferences.\n# TYPE nv_inference_count counter\n"
+        'nv_inference_count{model="embed",version="1"} 640\n'
+        'nv_inference_count{model="tokenizer",version="1"} 640\n'
+        'nv_inference_count{model="embedder",version="1"} 640\n'
+        "# HELP nv_inference_exec_count Executions.\n# TYPE nv_inference_exec_count counter\n"
+        'nv_inference_exec_count{model="embedder",version="1"} 40\n'
+    )
+
+    class Server:
+        metrics_url = scrape.as_uri()
+        metric_samples = TritonServer.metric_samples
+
+    assert gateway_profile.served(Server()) == {
+        "tokenizer texts": 640.0,
+        "embedder texts": 640.0,
+        "embedder executions": 40.0,
+    }

@@ -1,8 +1,9 @@
 """Contenders ``gateway_float`` / ``gateway_base64``: our HTTP gateway in front of the ensemble.
 
 :class:`GatewayServer` starts ``python -m triton_embed_server.gateway`` (one uvicorn worker,
-as shipped) on a free loopback port in front of a running :class:`TritonServer`, the one
-the ``triton_pa`` and ``triton_client`` contenders load; :func:`gateway_load` drives its
+as shipped; the process is the launcher's :class:`~triton_embed_server.launcher.Gateway`) on
+a free loopback port in front of a running :class:`TritonServer`, the one the ``triton_pa``
+and ``triton_client`` contenders load; :func:`gateway_load` drives its
 OpenAI ``/v1/embeddings`` route with the load generator that drives vLLM's server
 (:mod:`perf.contenders.openai_load`): same texts, same decoding, only ``model`` and the
 truncation field differ.
@@ -11,15 +12,12 @@ truncation field differ.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
 
-from triton_embed_server.launcher import TritonServer, free_port
+from triton_embed_server.launcher import Gateway, TritonServer
 
 from perf.contenders.openai_load import embeddings_load, request_body
 
@@ -68,67 +66,47 @@ def gateway_load(
 
 
 class GatewayServer:
-    """A gateway process on a free loopback port in front of ``server``; a context manager.
+    """A gateway on a free loopback port in front of ``server``, ready to embed; a context manager.
 
-    Entering starts it with the server's admin key (it reads the ensembles' configs) and no
-    API key, waits until ``GET /health`` answers 200 and one embedding request succeeds,
-    and raises ``RuntimeError`` with its log's tail if it does not within
+    The process is :class:`triton_embed_server.launcher.Gateway`'s (the server's admin key, no
+    API key, one uvicorn worker unless ``workers``). Entering starts it and then also waits
+    until ``GET /health`` answers 200 and one embedding request succeeds, raising
+    ``RuntimeError`` with its log's tail if that does not happen within
     :data:`READY_TIMEOUT_S`. Leaving stops the process it started (SIGTERM, then SIGKILL
     after 30 s).
-
-    Attributes:
-        port: the gateway's port on 127.0.0.1.
-        proc: the gateway process (``proc.pid`` for a profiler), once entered.
-        log_path: its stdout and stderr.
     """
 
     def __init__(self, server: TritonServer, workers: int = 1):
-        self.server = server
-        self.workers = workers
-        self.port = free_port()
-        self.proc: subprocess.Popen | None = None
-        fd, path = tempfile.mkstemp(prefix="gateway-", suffix=".log")
-        os.close(fd)
-        self.log_path = path
+        self.launcher = Gateway(
+            [server.grpc_url], server.admin_key, workers=workers, ready_timeout_s=READY_TIMEOUT_S
+        )
+
+    @property
+    def port(self) -> int:
+        """The gateway's port on 127.0.0.1."""
+        return self.launcher.port
+
+    @property
+    def proc(self) -> subprocess.Popen | None:
+        """The gateway process (``proc.pid`` for a profiler), once entered."""
+        return self.launcher.process
 
     @property
     def base_url(self) -> str:
         """``http://127.0.0.1:<port>``."""
-        return f"http://127.0.0.1:{self.port}"
+        return self.launcher.base_url
 
     @property
     def url(self) -> str:
         """The OpenAI ``/v1/embeddings`` URL."""
         return f"{self.base_url}/v1/embeddings"
 
-    def command(self) -> list[str]:
-        """The gateway's command line."""
-        return [
-            sys.executable, "-m", "triton_embed_server.gateway",
-            "--upstream", self.server.grpc_url, "--host", "127.0.0.1",
-            "--port", str(self.port), "--workers", str(self.workers),
-        ]  # fmt: skip
-
-    def log_tail(self, chars: int = 4000) -> str:
-        """The end of the gateway's log."""
-        with open(self.log_path, errors="replace") as f:
-            return f.read()[-chars:]
-
     def __enter__(self) -> GatewayServer:
-        env = {**os.environ, "TRITON_EMBED_ADMIN_KEY": self.server.admin_key}
-        env.pop("TRITON_EMBED_GATEWAY_API_KEY", None)  # no client key: every route open
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                self.command(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
+        self.launcher.start()
         try:
             self._wait_ready()
         except BaseException:
-            self.__exit__()
+            self.launcher.stop()
             raise
         return self
 
@@ -138,25 +116,18 @@ class GatewayServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(
-                    f"gateway exited {self.proc.returncode}; log {self.log_path}:\n"
-                    + self.log_tail()
+                    f"gateway exited {self.proc.returncode}:\n{self.launcher.log_tail()}"
                 )
             if _status(f"{self.base_url}/health") == 200 and _status(self.url, probe) == 200:
                 return
             time.sleep(0.2)
         raise RuntimeError(
-            f"gateway not ready after {READY_TIMEOUT_S:.0f} s; log {self.log_path}:\n"
-            + self.log_tail()
+            f"gateway not ready to embed after {READY_TIMEOUT_S:.0f} s:\n"
+            + self.launcher.log_tail()
         )
 
     def __exit__(self, *exc) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        self.launcher.stop()
 
 
 def _status(url: str, body: dict | None = None) -> int | None:

@@ -17,7 +17,8 @@ import time
 from typing import Any
 
 from triton_embed.admin import check_key, grpc_headers, read_admin_key
-from triton_embed.client import DEFAULT_URL, _map_error, check_url
+from triton_embed.client import DEFAULT_URL, check_url
+from triton_embed.error_mapping import map_error
 from triton_embed.errors import EmbedClientError, EmbedTimeoutError, InvalidInputError
 
 #: Seconds between readiness checks after a load or an unload.
@@ -44,7 +45,7 @@ def _failed(action: str, name: str, exc: BaseException, url: str) -> EmbedClient
 
     Triton's load errors can span lines (a Python traceback of the model's ``initialize``).
     """
-    error = _map_error(exc, url)
+    error = map_error(exc, url)
     message = " ".join(str(error).split())
     where = "" if url in message else f" at {url}"
     return type(error)(f"cannot {action} model {name!r}{where}: {message}")

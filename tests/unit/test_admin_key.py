@@ -24,7 +24,7 @@ from triton_embed.admin import (
     http_headers,
     read_admin_key,
 )
-from triton_embed.client import _map_error
+from triton_embed.error_mapping import map_error
 from triton_embed_server import admin_key
 from triton_embed_server.admin_key import (
     OPEN_APIS,
@@ -195,7 +195,7 @@ class _Refused(Exception):
 
 
 def test_a_refused_call_is_access_denied_not_server_unavailable():
-    error = _map_error(_Refused(), "h:1")
+    error = map_error(_Refused(), "h:1")
     assert isinstance(error, AccessDeniedError) and not isinstance(error, ServerUnavailableError)
     assert "expecting header" in str(error)
 

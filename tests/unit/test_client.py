@@ -12,7 +12,7 @@ import threading
 import numpy as np
 import pytest
 from triton_embed import EmbeddingClient, InvalidInputError, ServerUnavailableError
-from triton_embed.error_mapping import map_error as _map_error
+from triton_embed.error_mapping import map_error
 from tritonclient.utils import InferenceServerException
 
 from tests import fake_triton as fake_server
@@ -35,7 +35,7 @@ EMPTY = (
 
 def test_a_rejected_text_is_named_by_its_index_in_the_whole_input():
     exc = InferenceServerException(msg=EMPTY, status="StatusCode.INVALID_ARGUMENT")
-    error = _map_error(exc, "h:1", 64, 36)
+    error = map_error(exc, "h:1", 64, 36)
     assert isinstance(error, InvalidInputError)
     assert error.index == 70
     assert error.server_message == EMPTY  # kept as the server sent it
@@ -54,7 +54,7 @@ def test_a_rejected_text_is_named_by_its_index_in_the_whole_input():
 )
 def test_the_servers_text_index_is_found_wherever_it_stands(message):
     exc = InferenceServerException(msg=message, status="StatusCode.INVALID_ARGUMENT")
-    error = _map_error(exc, "h:1", 8, 4)
+    error = map_error(exc, "h:1", 8, 4)
     assert error.index == 11 and message in str(error)
 
 
@@ -67,7 +67,7 @@ def test_the_servers_text_index_is_found_wherever_it_stands(message):
 )
 def test_a_message_without_a_usable_index_keeps_the_requests_range(message):
     exc = InferenceServerException(msg=message, status="StatusCode.INVALID_ARGUMENT")
-    error = _map_error(exc, "h:1", 8, 4)
+    error = map_error(exc, "h:1", 8, 4)
     assert error.index is None and str(error) == f"texts[8:12]: {message}"
 
 
@@ -140,7 +140,7 @@ def test_a_url_with_a_scheme_is_refused_with_a_hint(fake_triton, url):
 
 def test_the_unavailable_error_says_the_url_must_be_the_grpc_port():
     exc = InferenceServerException(msg="Socket closed", status="StatusCode.UNAVAILABLE")
-    error = _map_error(exc, "127.0.0.1:8000")
+    error = map_error(exc, "127.0.0.1:8000")
     assert isinstance(error, ServerUnavailableError)
     assert "Socket closed" in str(error)
     assert "gRPC port (8001 by default)" in str(error)

@@ -19,7 +19,7 @@ from triton_embed import (
     ServerOverloadedError,
     ServerUnavailableError,
 )
-from triton_embed.error_mapping import map_error as _map_error
+from triton_embed.error_mapping import map_error
 from triton_embed.errors import AccessDeniedError
 from triton_embed.retry import is_retryable
 from tritonclient.utils import InferenceServerException
@@ -177,7 +177,7 @@ def test_the_client_refuses_a_bad_retry_argument_before_connecting():
 @pytest.mark.parametrize("message", [QUEUE_FULL_MESSAGE, QUEUE_TIMEOUT_MESSAGE])
 def test_queue_policy_refusals_become_server_overloaded_error(message):
     exc = InferenceServerException(msg=message, status="StatusCode.UNAVAILABLE")
-    error = _map_error(exc, "h:1", 32, 16)
+    error = map_error(exc, "h:1", 32, 16)
     assert isinstance(error, ServerOverloadedError)
     assert isinstance(error, ServerUnavailableError)  # callers of the old type still catch it
     text = str(error)
@@ -187,11 +187,11 @@ def test_queue_policy_refusals_become_server_overloaded_error(message):
 
 def test_other_unavailability_is_not_called_overload():
     exc = InferenceServerException(msg="failed to connect to all addresses", status="UNAVAILABLE")
-    error = _map_error(exc, "h:1")
+    error = map_error(exc, "h:1")
     assert type(error) is ServerUnavailableError
     # the queue-full text under another status is not an overload refusal either
     exc = InferenceServerException(msg=QUEUE_FULL_MESSAGE, status="StatusCode.INTERNAL")
-    assert not isinstance(_map_error(exc, "h:1"), ServerUnavailableError)
+    assert not isinstance(map_error(exc, "h:1"), ServerUnavailableError)
 
 
 # ---- the client: batch-level retries over a stand-in transport ---------------------------

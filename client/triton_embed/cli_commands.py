@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from triton_embed.admin import read_key_file
+from triton_embed.cli_bulk import run_bulk
 from triton_embed.client import DEFAULT_URL, EmbeddingClient
 from triton_embed.corpus import read_texts, read_texts_and_lines
 from triton_embed.errors import EmbedClientError, InvalidInputError
@@ -154,9 +155,27 @@ def summarize(num_texts: int, num_tokens: int, elapsed_s: float, latencies_s: li
 
 
 def run_embed(args: argparse.Namespace) -> dict:
-    """``triton-embed embed``: returns the closing summary."""
+    """``triton-embed embed``: returns the closing summary.
+
+    An ``-o`` that does not end in ``.npy`` is an output folder: the streaming, resumable path
+    (:func:`triton_embed.cli_bulk.run_bulk`). A ``.npy`` holds the corpus in memory.
+    """
     from tqdm import tqdm
 
+    if args.output.suffix.lower() != ".npy":
+        if args.parquet:
+            raise EmbedClientError(
+                "--parquet goes with a .npy -o; an output folder is already Parquet"
+            )
+        return run_bulk(args, _key_from_file(args), _retry_policy(args))
+    for flag, given in (("--include-text", args.include_text), ("--overwrite", args.overwrite),
+                        ("--format parquet", args.format == "parquet")):  # fmt: skip
+        if given:
+            raise EmbedClientError(f"{flag} needs an output folder (-o DIR), not a .npy file")
+    if "," in args.url:
+        raise EmbedClientError(
+            "several --url need an output folder (-o DIR); a .npy output uses one server"
+        )
     texts, lines = read_texts_and_lines(args.input, args.format, args.field)
     if not texts:
         raise EmbedClientError(f"{args.input} holds no texts")

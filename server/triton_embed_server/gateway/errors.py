@@ -237,6 +237,12 @@ def is_model_missing(exc: BaseException) -> bool:
     return upstream_status(exc) == "NOT_FOUND"
 
 
+def text_index(message: str) -> int | None:
+    """The index of the text a server message names ("text 6 is empty ..."), or ``None``."""
+    found = _TEXT_INDEX.search(message)
+    return int(found.group(1)) if found else None
+
+
 def rebase_text_index(message: str, offset: int, size: int) -> str:
     """A server message about "text N" of a piece, renumbered to the index in the request.
 

@@ -1,0 +1,283 @@
+"""Batches of texts embedded over one or several Triton servers, with the gateway's pool.
+
+:class:`PoolEmbedder` sends each batch to the ensemble over gRPC through
+:class:`triton_embed_server.gateway.upstreams.UpstreamPool`, the upstream pool the HTTP gateway
+uses (one implementation): every endpoint is health-checked every 2 s, each call goes to the
+ready server with the fewest calls outstanding, and a call that fails because its server
+died is sent once more to another server at once (embedding is idempotent). On top of that,
+a batch that still fails for a reason that time can cure (every server unreachable, every
+queue full, a deadline) is sent again after a jittered exponential wait
+(:class:`~triton_embed.retry.RetryPolicy`), so a bulk job rides out a server restart.
+Refused input (``INVALID_ARGUMENT``) is never sent again.
+
+:class:`BlockingEmbedder` is the same for synchronous callers (Ray Data actors): the pool
+runs on an event loop in a thread of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from triton_embed.codec import decode_embeddings
+from triton_embed.errors import (
+    AccessDeniedError,
+    EmbedClientError,
+    InvalidInputError,
+    ServerUnavailableError,
+)
+from triton_embed.options import DEFAULT_EMBEDDING_TYPE, RequestOptions
+from triton_embed.retry import RetryPolicy
+
+#: Seconds :meth:`PoolEmbedder.start` waits for a server with the model READY.
+READY_WAIT_S = 60.0
+#: The bulk default: patient, since a job of hours should outlast a server restart
+#: (bounds 0.2, 0.4, ... 10 s; up to about 3.5 minutes of waiting per batch).
+BULK_RETRY = RetryPolicy(retries=24, initial_wait_s=0.2, max_wait_s=10.0)
+
+
+def parse_urls(urls: str | Sequence[str]) -> list[str]:
+    """``host:port`` endpoints from ``"a:8001,b:8001"`` or a list.
+
+    Raises:
+        InvalidInputError: none given, or one with a scheme (``http://``).
+    """
+    items = urls.split(",") if isinstance(urls, str) else list(urls)
+    items = [u.strip() for u in items if u.strip()]
+    if not items:
+        raise InvalidInputError("no server given: pass --url HOST:PORT[,HOST:PORT...]")
+    for url in items:
+        if "://" in url:
+            raise InvalidInputError(
+                f"url {url!r} has a scheme: pass host:port of a Triton server's gRPC port "
+                "(8001 by default), without http://"
+            )
+    return items
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One batch's answer, in the batch's order.
+
+    Attributes:
+        vectors: ``[n, width]`` (float32, float16, or uint8 packed bits for ubinary).
+        num_tokens: int32 ``[n]``.
+        seconds: from the first send to the answer (retries and waits included).
+        retries: sends after the first.
+    """
+
+    vectors: np.ndarray
+    num_tokens: np.ndarray
+    seconds: float
+    retries: int
+
+
+class PoolEmbedder:
+    """Embeds batches of texts with one ensemble served by one or several servers.
+
+    Args:
+        urls: gRPC ``host:port`` endpoints (host names are resolved to all their addresses).
+        model: the ensemble's name (or its ``served_model_name``).
+        options: request options (``input_type``, ``dimensions``, ``embedding_type``, ...).
+        timeout_s: deadline of one call, seconds.
+        admin_key: the servers' admin key (the pool reads the repository index and configs,
+            restricted APIs), or ``None``.
+        retry: how a batch that failed for a passing reason is sent again.
+
+    Use ``async with PoolEmbedder(...) as embedder: await embedder.embed(texts)``.
+    """
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        model: str,
+        options: RequestOptions,
+        *,
+        timeout_s: float = 120.0,
+        admin_key: str | None = None,
+        retry: RetryPolicy = BULK_RETRY,
+    ):
+        self.urls = parse_urls(urls)
+        self.model = model
+        self.options = options
+        self.parameters = options.to_parameters()
+        self.embedding_type = options.embedding_type or DEFAULT_EMBEDDING_TYPE
+        self.timeout_s = timeout_s
+        self.admin_key = admin_key
+        self.retry = retry
+        self.info = None
+        self._pool = None
+
+    async def __aenter__(self) -> PoolEmbedder:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+    @property
+    def max_batch_size(self) -> int:
+        """Texts per request the ensemble takes (its ``max_batch_size``)."""
+        return self.info.max_batch_size
+
+    async def start(self, ready_wait_s: float = READY_WAIT_S) -> None:
+        """Check the servers; wait until one has the model READY.
+
+        Raises:
+            ServerUnavailableError: no server had the model READY within ``ready_wait_s``
+                (says what each server answered).
+        """
+        from triton_embed_server.gateway.addresses import parse_upstreams
+        from triton_embed_server.gateway.metrics import GatewayMetrics
+        from triton_embed_server.gateway.upstreams import UpstreamPool
+
+        from triton_embed.admin import is_refused
+
+        try:
+            targets = parse_upstreams(self.urls)
+        except ValueError as exc:
+            raise InvalidInputError(str(exc)) from None
+        self._pool = UpstreamPool(
+            targets, admin_key=self.admin_key, timeout_s=self.timeout_s, metrics=GatewayMetrics()
+        )
+        await self._pool.start()
+        deadline = time.monotonic() + ready_wait_s
+        while (info := self._pool.catalog.resolve(self.model)) is None:
+            states = self._pool.describe()
+            if states and all(is_refused(u["problem"]) for u in states):
+                await self.stop()
+                raise AccessDeniedError(
+                    f"the servers refused to list their models ({states[0]['problem']}): the "
+                    "bulk job reads the model configs, a restricted API; set "
+                    "TRITON_EMBED_ADMIN_KEY or TRITON_EMBED_ADMIN_KEY_FILE, or pass "
+                    "--admin-key-file"
+                )
+            if time.monotonic() > deadline:
+                states = "; ".join(
+                    f"{u['address']}: {'ready, models ' + ', '.join(u['models']) if u['ready'] else u['problem']}"  # noqa: E501
+                    for u in self._pool.describe()
+                )
+                await self.stop()
+                raise ServerUnavailableError(
+                    f"no server has the model {self.model!r} ready after {ready_wait_s:g} s "
+                    f"({states or 'no address resolved'})"
+                )
+            await asyncio.sleep(0.5)
+            await self._pool.refresh()
+        self.info = info
+
+    async def stop(self) -> None:
+        """Stop the health checks and close every channel."""
+        if self._pool is not None:
+            await self._pool.stop()
+            self._pool = None
+
+    def describe(self) -> list[dict]:
+        """Every server's state (address, ready, models, calls outstanding)."""
+        return self._pool.describe() if self._pool else []
+
+    async def embed(self, texts: Sequence[str | bytes]) -> Batch:
+        """Embed up to :attr:`max_batch_size` texts.
+
+        Returns:
+            :class:`Batch`, rows in the order of ``texts``.
+
+        Raises:
+            InvalidInputError: the server refused a text (``error.index`` is its index in
+                ``texts``; never retried).
+            ServerUnavailableError: still failing after the retries (the last reason).
+            EmbedClientError: another failure (the server's message).
+        """
+        from triton_embed_server.gateway import inference
+        from triton_embed_server.gateway.errors import (
+            BadRequest,
+            GatewayError,
+            Overloaded,
+            Timeout,
+            Unavailable,
+            text_index,
+        )
+
+        payloads = [t.encode("utf-8") if isinstance(t, str) else bytes(t) for t in texts]
+        t0 = time.perf_counter()
+        retries = 0
+        while True:
+            info = self._pool.catalog.resolve(self.model) or self.info
+            try:
+                answer = await inference.embed_texts(self._pool, info, payloads, self.parameters)
+                break
+            except BadRequest as exc:
+                index = text_index(exc.message)
+                raise InvalidInputError(exc.message, index=index) from None
+            except (Unavailable, Overloaded, Timeout) as exc:
+                retries += 1
+                if retries > self.retry.retries:
+                    raise ServerUnavailableError(
+                        f"{exc.message} (still failing after {self.retry.retries} retries)"
+                    ) from None
+                await asyncio.sleep(random.uniform(0, self.retry.wait_bound_s(retries)))
+            except GatewayError as exc:
+                raise EmbedClientError(exc.message) from None
+        vectors = decode_embeddings(answer.elements, embedding_type=self.embedding_type)
+        return Batch(vectors, answer.num_tokens, time.perf_counter() - t0, retries)
+
+
+class BlockingEmbedder:
+    """:class:`PoolEmbedder` for synchronous code: its event loop runs in a daemon thread.
+
+    Same arguments as :class:`PoolEmbedder`. :meth:`embed` may be called from any thread;
+    :meth:`close` stops the pool and the loop.
+    """
+
+    def __init__(self, *args, **kwargs):
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._embedder = PoolEmbedder(*args, **kwargs)
+        try:
+            self._run(self._embedder.start())
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    @property
+    def max_batch_size(self) -> int:
+        """Texts per request the ensemble takes."""
+        return self._embedder.max_batch_size
+
+    def _run(self, coroutine):
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def embed(self, texts: Sequence[str | bytes]) -> Batch:
+        """:meth:`PoolEmbedder.embed`, blocking; any number of texts (sent in batches)."""
+        size = self.max_batch_size
+
+        async def embed_all() -> list[Batch]:
+            spans = range(0, len(texts), size)
+            return await asyncio.gather(*(self._embedder.embed(texts[i : i + size]) for i in spans))
+
+        parts = self._run(embed_all())
+        return Batch(
+            np.concatenate([p.vectors for p in parts]),
+            np.concatenate([p.num_tokens for p in parts]),
+            sum(p.seconds for p in parts),
+            sum(p.retries for p in parts),
+        )
+
+    def close(self) -> None:
+        """Stop the pool and the loop."""
+        try:
+            self._run(self._embedder.stop())
+        finally:
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()

@@ -1,0 +1,400 @@
+"""``triton-embed embed INPUT -o OUT_DIR``: a corpus embedded into Parquet shards, resumably.
+
+The input is read :data:`READ_CHUNK`-sized chunks at a time (:mod:`.sources`), cut into
+requests of the ensemble's ``max_batch_size`` (or ``batch_size``), sent with at most
+``concurrency`` in flight over one or several servers (:class:`.engine.PoolEmbedder`), and
+the answers are written in input order as shards of ``shard_rows`` rows (:mod:`.shards`).
+What is held at once is one shard's rows plus the requests in flight, whatever the corpus
+size.
+
+Resuming: the manifest records the job (:func:`job_identity`: the input's fingerprint, the
+model, the request options, the shard size, the columns) and each finished shard. Running the
+same command again continues with the first shard not in the manifest (adopting a shard file
+that was renamed into place just before a crash), so every record is embedded once. An output
+folder made by another job (other input, model or options) is refused, unless ``overwrite``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from triton_embed.bulk import shards
+from triton_embed.bulk.engine import BULK_RETRY, Batch, PoolEmbedder
+from triton_embed.bulk.sources import Chunk, Source
+from triton_embed.errors import EmbedClientError, InvalidInputError
+from triton_embed.options import DEFAULT_EMBEDDING_TYPE, RequestOptions
+from triton_embed.retry import RetryPolicy
+
+#: Records per shard by default: 10,000 x 1,024 float32 is 40 MB held before a write.
+DEFAULT_SHARD_ROWS = 10_000
+#: Each answered request is kept until the ones before it are answered: at most this many
+#: times ``concurrency`` requests are outstanding (sent or waiting for their turn).
+WINDOW_FACTOR = 2
+
+
+class JobMismatchError(EmbedClientError):
+    """The output folder holds another job's output (other input, model or options)."""
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """How a bulk job embeds and writes.
+
+    Attributes:
+        model: the ensemble's name.
+        options: request options (a corpus is embedded with ``input_type=document`` by the CLI).
+        shard_rows: records per shard (>= 1).
+        include_text: also write each record's text.
+        concurrency: requests in flight (>= 1).
+        batch_size: texts per request; ``None``: the ensemble's ``max_batch_size``.
+        timeout_s: deadline of one request, seconds.
+        admin_key: the servers' admin key (the pool reads their model configs), or ``None``.
+        retry: how a request that failed for a passing reason is sent again.
+    """
+
+    model: str = "embed"
+    options: RequestOptions = field(default_factory=RequestOptions)
+    shard_rows: int = DEFAULT_SHARD_ROWS
+    include_text: bool = False
+    concurrency: int = 4
+    batch_size: int | None = None
+    timeout_s: float = 120.0
+    admin_key: str | None = None
+    retry: RetryPolicy = BULK_RETRY
+
+
+def job_identity(source: Source, settings: JobSettings) -> dict:
+    """What must not change between a run and its resumption (recorded in the manifest)."""
+    params = settings.options.to_parameters()
+    return {
+        "model": settings.model,
+        "parameters": {k: params[k] for k in sorted(params)},
+        "shard_rows": settings.shard_rows,
+        "include_text": settings.include_text,
+        "input": {**source.describe(), "fingerprint": source.fingerprint()},
+    }
+
+
+def _job_id(identity: dict) -> str:
+    described = dict(identity, input=dict(identity["input"], path=None))  # a moved file is fine
+    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _differences(old: dict, new: dict) -> list[str]:
+    what = []
+    if old.get("input", {}).get("fingerprint") != new["input"]["fingerprint"]:
+        what.append("the input changed (its SHA-256 or how it is read)")
+    names = {"model": "the model", "parameters": "the request options",
+             "shard_rows": "--shard-rows", "include_text": "--include-text"}  # fmt: skip
+    for key, name in names.items():
+        if old.get(key) != new[key]:
+            what.append(f"{name}: {old.get(key)!r} then, {new[key]!r} now")
+    return what
+
+
+@dataclass
+class Progress:
+    """Counts of a run, for the progress bar and the closing summary."""
+
+    texts: int = 0
+    tokens: int = 0
+    retries: int = 0
+    latencies_s: list[float] = field(default_factory=list)
+
+
+class BulkJob:
+    """One corpus into one output folder.
+
+    Args:
+        source: the input.
+        out_dir: the output folder (created if missing).
+        urls: gRPC endpoints of the servers (``host:port``, several balanced).
+        settings: :class:`JobSettings`.
+        overwrite: replace another job's output in ``out_dir`` instead of refusing.
+        progress: show a progress bar on stderr (when it is a terminal).
+
+    Raises:
+        JobMismatchError: ``out_dir`` holds another job's output (says what differs).
+        EmbedClientError: ``out_dir`` is not a folder, or holds files that are no job's.
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        out_dir: str | Path,
+        urls,
+        settings: JobSettings,
+        *,
+        overwrite: bool = False,
+        progress: bool = True,
+    ):
+        self.source = source
+        self.out_dir = Path(out_dir)
+        self.urls = urls
+        self.settings = settings
+        self.show_progress = progress
+        self.identity = job_identity(source, settings)
+        self.job_id = _job_id(self.identity)
+        self.manifest = self._open(overwrite)
+        self.resumed_rows_at_start = self.manifest["rows"]
+        self.model_dimension: int | None = settings.options.dimensions
+        self.counts = Progress()
+
+    # ---- the output folder ----------------------------------------------------------------
+
+    def _open(self, overwrite: bool) -> dict:
+        out = self.out_dir
+        if out.exists() and not out.is_dir():
+            raise EmbedClientError(f"-o {out} is a file; name a folder (or a .npy file)")
+        out.mkdir(parents=True, exist_ok=True)
+        try:
+            manifest = shards.read_manifest(out)
+        except ValueError as exc:
+            raise EmbedClientError(f"{exc}; name another -o folder") from None
+        ours = [p for p in out.iterdir() if p.name.startswith(("part-", ".part-"))]
+        if manifest is None and ours and not overwrite:
+            raise EmbedClientError(
+                f"{out} holds shard files but no {shards.MANIFEST}; name another -o folder or "
+                "pass --overwrite"
+            )
+        if manifest is not None and not overwrite:
+            differences = _differences(manifest.get("job", {}), self.identity)
+            if differences:
+                raise JobMismatchError(
+                    f"{out} holds the output of another job: {'; '.join(differences)}. Name "
+                    "another -o folder, or pass --overwrite to replace it"
+                )
+        if overwrite and (manifest is not None or ours):
+            for path in ours:
+                path.unlink()
+            (out / shards.MANIFEST).unlink(missing_ok=True)
+            manifest = None
+        if manifest is None:
+            manifest = {
+                "format": shards.FORMAT,
+                "job": self.identity,
+                "job_id": self.job_id,
+                "model": self.settings.model,
+                "embedding_type": (
+                    self.settings.options.embedding_type or DEFAULT_EMBEDDING_TYPE
+                ).value,  # fmt: skip
+                "dimension": None,
+                "shard_rows": self.settings.shard_rows,
+                "shards": [],
+                "rows": 0,
+                "tokens": 0,
+                "complete": False,
+            }
+        manifest["job"] = self.identity  # the input's path may have moved
+        self._tidy(manifest)
+        shards.write_manifest(out, manifest)
+        return manifest
+
+    def _tidy(self, manifest: dict) -> None:
+        """Adopt a finished shard the manifest missed; delete temporaries and later shards."""
+        done = manifest["shards"]
+        if not manifest["complete"]:
+            index = len(done)
+            entry = shards.shard_entry_if_complete(
+                self.out_dir, index, index * self.settings.shard_rows, self.job_id
+            )
+            if entry is not None:
+                done.append(entry)
+                manifest["rows"] += entry["rows"]
+        keep = {entry["file"] for entry in done}
+        for path in self.out_dir.iterdir():
+            if path.name.startswith(".part-") or (
+                path.name.startswith("part-") and path.name not in keep
+            ):
+                path.unlink()
+
+    # ---- the run --------------------------------------------------------------------------
+
+    @property
+    def resumed_rows(self) -> int:
+        """Records already embedded when this run started."""
+        return len(self.manifest["shards"]) * self.settings.shard_rows
+
+    def run(self) -> dict:
+        """Embed what is left; returns the closing summary (this run's figures).
+
+        Raises:
+            InvalidInputError: the server refused a text (names the file, line and id); the
+                finished shards are kept.
+            ServerUnavailableError: the servers stayed unreachable through the retries.
+        """
+        if self.manifest["complete"]:
+            return self._summary(0.0, already_complete=True)
+        t0 = time.perf_counter()
+        asyncio.run(self._run())
+        return self._summary(time.perf_counter() - t0)
+
+    async def _run(self) -> None:
+        from tqdm import tqdm
+
+        settings = self.settings
+        total = self.source.count()
+        bar = tqdm(
+            total=total,
+            initial=min(self.resumed_rows, total),
+            unit="text",
+            disable=None if self.show_progress else True,  # None: only on a terminal
+            file=sys.stderr,
+            smoothing=0.05,
+        )
+        t0 = time.perf_counter()
+
+        def advance(batch: Batch, count: int) -> None:
+            self.counts.texts += count
+            self.counts.tokens += int(batch.num_tokens.sum())
+            self.counts.retries += batch.retries
+            self.counts.latencies_s.append(batch.seconds)
+            bar.update(count)
+            elapsed = time.perf_counter() - t0
+            bar.set_postfix_str(f"{self.counts.tokens / elapsed:,.0f} tokens/s", refresh=False)
+
+        try:
+            async with PoolEmbedder(
+                self.urls,
+                settings.model,
+                settings.options,
+                timeout_s=settings.timeout_s,
+                admin_key=settings.admin_key,
+                retry=settings.retry,
+            ) as embedder:
+                self.model_dimension = self.model_dimension or embedder.info.dimension
+                size = min(settings.batch_size or embedder.max_batch_size, embedder.max_batch_size)
+                await self._pipeline(embedder, size, advance)
+        finally:
+            bar.close()
+
+    def _requests(self, size: int):
+        """``(shard index, chunk)`` of every request left, cut at shard boundaries."""
+        rows = self.settings.shard_rows
+        for chunk in self.source.chunks(size, self.resumed_rows):
+            start = 0
+            while start < len(chunk.texts):
+                record = chunk.start + start
+                stop = min(len(chunk.texts), start + rows - record % rows)
+                yield (
+                    record // rows,
+                    Chunk(
+                        record,
+                        chunk.ids[start:stop],
+                        chunk.texts[start:stop],
+                        chunk.lines[start:stop],
+                    ),
+                )
+                start = stop
+
+    async def _pipeline(self, embedder: PoolEmbedder, size: int,
+                        advance: Callable[[Batch, int], None]) -> None:  # fmt: skip
+        gate = asyncio.Semaphore(self.settings.concurrency)
+        window = WINDOW_FACTOR * self.settings.concurrency
+        pending: deque = deque()
+        shard_index = len(self.manifest["shards"])
+        held: list[tuple[Chunk, Batch]] = []
+
+        async def send(chunk: Chunk) -> Batch:
+            async with gate:
+                return await embedder.embed(chunk.texts)
+
+        async def take() -> None:
+            nonlocal shard_index, held
+            index, chunk, task = pending.popleft()
+            try:
+                batch = await task
+            except InvalidInputError as exc:
+                raise self._input_error(exc, chunk) from None
+            if index != shard_index:
+                await self._write(shard_index, held)
+                shard_index, held = index, []
+            held.append((chunk, batch))
+            advance(batch, len(chunk.texts))
+
+        try:
+            for index, chunk in self._requests(size):
+                while len(pending) >= window:
+                    await take()
+                pending.append((index, chunk, asyncio.ensure_future(send(chunk))))
+            while pending:
+                await take()
+            if held:
+                await self._write(shard_index, held)
+        finally:
+            for _, _, task in pending:
+                task.cancel()
+            await asyncio.gather(*(t for _, _, t in pending), return_exceptions=True)
+        self.manifest["complete"] = True
+        shards.write_manifest(self.out_dir, self.manifest)
+
+    async def _write(self, index: int, held: list[tuple[Chunk, Batch]]) -> None:
+        """Write shard ``index`` from its requests' answers and record it in the manifest."""
+        vectors = np.concatenate([b.vectors for _, b in held])
+        manifest = self.manifest
+        if manifest["dimension"] is None:
+            width = vectors.shape[1]
+            manifest["dimension"] = self.model_dimension or (
+                width * 8 if manifest["embedding_type"] == "ubinary" else width
+            )
+        shard_schema = shards.schema(
+            self.source.id_type, manifest["embedding_type"], manifest["dimension"],
+            self.settings.include_text,
+        )  # fmt: skip
+        texts = [t for c, _ in held for t in c.texts] if self.settings.include_text else None
+        table = shards.table(
+            shard_schema,
+            [i for c, _ in held for i in c.ids],
+            np.concatenate([b.num_tokens for _, b in held]),
+            vectors,
+            texts,
+        )
+        first = held[0][0].start
+        entry = await asyncio.get_running_loop().run_in_executor(
+            None, shards.write_shard, self.out_dir, index, table, first, self.job_id
+        )
+        manifest["shards"].append(entry)
+        manifest["rows"] += entry["rows"]
+        manifest["tokens"] += int(sum(int(b.num_tokens.sum()) for _, b in held))
+        shards.write_manifest(self.out_dir, manifest)
+
+    def _input_error(self, exc: InvalidInputError, chunk: Chunk) -> EmbedClientError:
+        where = str(self.source.path)
+        if exc.index is not None and 0 <= exc.index < len(chunk.texts):
+            line = chunk.lines[exc.index]
+            label = "row" if self.source.format == "parquet" else "line"
+            where = f"{where} {label} {line} (id {chunk.ids[exc.index]!r})"
+        kept = len(self.manifest["shards"])
+        return InvalidInputError(
+            f"{where}: {exc}. The {kept} finished shards are kept; fix the input, then run "
+            "again with --overwrite (the input's fingerprint changes)"
+        )
+
+    def _summary(self, seconds: float, already_complete: bool = False) -> dict:
+        lat = np.asarray(self.counts.latencies_s or [0.0]) * 1000
+        manifest = self.manifest
+        return {
+            "texts": self.counts.texts,
+            "tokens": self.counts.tokens,
+            "seconds": round(seconds, 3),
+            "texts_per_s": round(self.counts.texts / seconds, 1) if seconds else 0.0,
+            "tokens_per_s": round(self.counts.tokens / seconds, 1) if seconds else 0.0,
+            "p50_ms": round(float(np.percentile(lat, 50)), 2),
+            "p99_ms": round(float(np.percentile(lat, 99)), 2),
+            "retries": self.counts.retries,
+            "dim": manifest["dimension"],
+            "shards": len(manifest["shards"]),
+            "rows": manifest["rows"],
+            "resumed_from_row": self.resumed_rows_at_start,
+            "already_complete": already_complete,
+        }

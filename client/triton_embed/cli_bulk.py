@@ -1,0 +1,174 @@
+"""``triton-embed embed INPUT -o OUT_DIR`` (streaming, resumable) and ``triton-embed verify``.
+
+The flags are declared here and added to the ``embed`` and ``verify`` parsers of
+:mod:`triton_embed.cli`; ``embed`` with an ``-o`` that does not end in ``.npy`` comes here
+(:func:`run_bulk`). Guide: docs/bulk.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from triton_embed.errors import EmbedClientError, InvalidInputError
+
+#: Records per shard by default (:data:`triton_embed.bulk.job.DEFAULT_SHARD_ROWS`).
+DEFAULT_SHARD_ROWS = 10_000
+
+
+def add_bulk_args(p: argparse.ArgumentParser) -> None:
+    """The ``embed`` flags of the streaming output."""
+    from triton_embed.cli import positive_int  # loaded: cli calls this
+
+    p.add_argument(
+        "--shard-rows",
+        type=positive_int,
+        default=DEFAULT_SHARD_ROWS,
+        help="records per Parquet shard of an output folder (default %(default)s)",
+    )
+    p.add_argument(
+        "--include-text",
+        action="store_true",
+        help="also write each record's text into the shards of an output folder",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace another job's output in the -o folder instead of refusing",
+    )
+
+
+def add_verify_parser(sub) -> argparse.ArgumentParser:
+    """``triton-embed verify OUT_DIR [INPUT]``."""
+    v = sub.add_parser(
+        "verify",
+        help="check an output folder of 'embed' (or of the Ray Data job)",
+        description="Check a finished output folder: every shard readable and unchanged "
+        "(SHA-256 of the manifest), the columns, one dimension, ids unique, rows as the "
+        "manifest says; with INPUT also that the ids are exactly the input's. Exit 0 when "
+        "good, 1 with one line per problem.",
+    )
+    v.add_argument("output", type=Path, help="the output folder")
+    v.add_argument("input", type=Path, nargs="?", help="the input it was made from")
+    v.add_argument("--format", choices=("auto", "text", "jsonl", "parquet"), default="auto")
+    v.add_argument("--field", default="text", help="JSONL key or Parquet column of the text")
+    v.add_argument("--id-field", default="id", help="JSONL key or Parquet column of the id")
+    v.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    return v
+
+
+def _source(args: argparse.Namespace):
+    from triton_embed.bulk.sources import InputError, Source
+
+    try:
+        return Source(args.input, args.format, args.field, args.id_field)
+    except InputError as exc:
+        raise EmbedClientError(str(exc)) from None
+
+
+def _default_retry(args: argparse.Namespace) -> bool:
+    """Whether the retry flags were left at their defaults (a bulk job then waits longer)."""
+    from triton_embed.retry import DEFAULT_MAX_WAIT_S, DEFAULT_RETRIES
+
+    return args.retries == DEFAULT_RETRIES and args.retry_max_wait_s == DEFAULT_MAX_WAIT_S
+
+
+def run_bulk(args: argparse.Namespace, key: str | None, retry) -> dict:
+    """``embed`` into an output folder; prints and returns the closing summary."""
+    from triton_embed.admin import read_admin_key
+    from triton_embed.bulk.engine import BULK_RETRY
+    from triton_embed.bulk.job import BulkJob, JobSettings
+    from triton_embed.bulk.sources import InputError
+    from triton_embed.options import RequestOptions
+
+    try:
+        options = RequestOptions(
+            truncation=args.truncation,
+            allow_empty=args.allow_empty,
+            input_type=args.input_type or "document",  # a corpus is documents
+            dimensions=args.dimensions,
+            embedding_type=args.embedding_type,
+        )
+    except ValueError as exc:
+        raise InvalidInputError(str(exc)) from None
+    settings = JobSettings(
+        model=args.model,
+        options=options,
+        shard_rows=args.shard_rows,
+        include_text=args.include_text,
+        concurrency=args.concurrency,
+        batch_size=args.batch_size,
+        timeout_s=args.timeout_s,
+        admin_key=key or read_admin_key(),
+        retry=BULK_RETRY if _default_retry(args) else retry,
+    )
+    job = BulkJob(
+        _source(args),
+        args.output,
+        args.url,
+        settings,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
+    )
+    if job.resumed_rows_at_start and not job.manifest["complete"]:
+        print(
+            f"resuming {args.output}: {len(job.manifest['shards'])} shards "
+            f"({job.resumed_rows_at_start} records) already written",
+            file=sys.stderr,
+        )
+    try:
+        summary = job.run()
+    except InputError as exc:
+        raise EmbedClientError(str(exc)) from None
+    except KeyboardInterrupt:
+        raise EmbedClientError(
+            f"interrupted; {len(job.manifest['shards'])} shards are complete in {args.output}: "
+            "run the same command again to continue"
+        ) from None
+    if args.summary_json:
+        args.summary_json.write_text(json.dumps(summary, indent=2))
+    if summary["already_complete"]:
+        print(
+            f"{args.output} is already complete ({summary['rows']} rows in {summary['shards']} "
+            "shards); nothing to do (--overwrite embeds it again)"
+        )
+        return summary
+    retried = f"; {summary['retries']} requests sent again" if summary["retries"] else ""
+    print(
+        f"embedded {summary['texts']} texts ({summary['tokens']} tokens, dim {summary['dim']}) "
+        f"in {summary['seconds']:.2f} s: {summary['texts_per_s']:.1f} texts/s, "
+        f"{summary['tokens_per_s']:.0f} tokens/s; request latency p50 {summary['p50_ms']:.1f} ms,"
+        f" p99 {summary['p99_ms']:.1f} ms{retried} -> {args.output} ({summary['rows']} rows in "
+        f"{summary['shards']} shards)"
+    )
+    return summary
+
+
+def run_verify(args: argparse.Namespace) -> dict:
+    """``verify``: prints the verdict; raises with every problem when there is one."""
+    from triton_embed.bulk.shards import verify
+
+    source = _source(args) if args.input is not None else None
+    verdict = verify(args.output, source)
+    result = {
+        "ok": verdict.ok,
+        "rows": verdict.rows,
+        "shards": verdict.shards,
+        "embedding_width": verdict.dim,
+        "problems": verdict.problems,
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+    elif verdict.ok:
+        against = f", ids exactly those of {args.input}" if source is not None else ""
+        print(
+            f"{args.output}: OK, {verdict.rows} rows in {verdict.shards} shards, "
+            f"{verdict.dim} values per embedding{against}"
+        )
+    if not verdict.ok:
+        raise EmbedClientError(
+            f"{args.output} failed verification:\n  " + "\n  ".join(verdict.problems)
+        )
+    return result

@@ -63,3 +63,17 @@ def triton_config(params: dict[str, str] | None = None, **extra) -> dict:
     cfg = {"parameters": {k: {"string_value": v} for k, v in (params or {}).items()}}
     cfg.update(extra)
     return cfg
+
+
+def stub_regions(server) -> list[str]:
+    """The ``/dev/shm`` regions of a server's Python-backend stubs (left behind by SIGKILL)."""
+    import psutil
+    from triton_embed_server.supervisor import stub_shm_region
+
+    regions = []
+    for proc in psutil.Process(server.process.pid).children(recursive=True):
+        try:
+            regions.append(stub_shm_region(proc.cmdline()))
+        except psutil.Error:
+            pass
+    return [r for r in regions if r]

@@ -23,16 +23,15 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from triton_embed import EmbeddingClient
 from triton_embed_server.admin_key import generate_key
 from triton_embed_server.launcher import Gateway, TritonServer
 from triton_embed_server.repository import copy_repository, edit_config
-from triton_embed_server.supervisor import remove_shm_regions, stub_shm_region
+from triton_embed_server.supervisor import remove_shm_regions
 
-from tests.helpers import metric_sum
+from tests.helpers import metric_sum, stub_regions
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -76,17 +75,6 @@ def embed_successes(server: TritonServer) -> float:
     ``prometheus_client``'s parser names the samples of a counter ``<family>_total``.
     """
     return metric_sum(server.metric_samples(), f"{EMBED_SUCCESS}_total", model="embed")
-
-
-def stub_regions(server: TritonServer) -> list[str]:
-    """The ``/dev/shm`` regions of the server's Python-backend stubs (left behind by SIGKILL)."""
-    regions = []
-    for proc in psutil.Process(server.process.pid).children(recursive=True):
-        try:
-            regions.append(stub_shm_region(proc.cmdline()))
-        except psutil.Error:
-            pass
-    return [r for r in regions if r]
 
 
 def wait_all_up(gw: Gateway, upstreams: list[str], timeout_s: float = 60.0) -> None:

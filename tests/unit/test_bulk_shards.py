@@ -130,6 +130,7 @@ def test_write_shard_round_trip_bit_identical(tmp_path, embedding_type, dtype, d
         "first_record": 30,
         "first_id": "a",
         "last_id": "f",
+        "tokens": 1 + 2 + 3 + 4 + 5 + 2**20,
         "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
     }
 

@@ -211,6 +211,7 @@ class BulkJob:
             if entry is not None:
                 done.append(entry)
                 manifest["rows"] += entry["rows"]
+                manifest["tokens"] += entry["tokens"]
         keep = {entry["file"] for entry in done}
         for path in self.out_dir.iterdir():
             if path.name.startswith(".part-") or (
@@ -316,11 +317,12 @@ class BulkJob:
                 batch = await task
             except InvalidInputError as exc:
                 raise self._input_error(exc, chunk) from None
-            if index != shard_index:
-                await self._write(shard_index, held)
-                shard_index, held = index, []
             held.append((chunk, batch))
             advance(batch, len(chunk.texts))
+            if sum(len(c.texts) for c, _ in held) == self.settings.shard_rows:
+                await self._write(shard_index, held)  # complete: on disk before anything else
+                shard_index, held = shard_index + 1, []
+            assert index == shard_index or not held, "requests are taken in input order"
 
         try:
             for index, chunk in self._requests(size):
@@ -365,7 +367,7 @@ class BulkJob:
         )
         manifest["shards"].append(entry)
         manifest["rows"] += entry["rows"]
-        manifest["tokens"] += int(sum(int(b.num_tokens.sum()) for _, b in held))
+        manifest["tokens"] += entry["tokens"]
         shards.write_manifest(self.out_dir, manifest)
 
     def _input_error(self, exc: InvalidInputError, chunk: Chunk) -> EmbedClientError:

@@ -130,6 +130,7 @@ def write_shard(directory: Path, index: int, shard: Any, first_record: int, job_
     The file's key-value metadata names the shard, its first record and the job, so a shard
     renamed into place just before a crash (the manifest not yet updated) is recognised.
     """
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     meta = {"shard": index, "first_record": first_record, "rows": shard.num_rows, "job": job_id}
@@ -143,12 +144,14 @@ def write_shard(directory: Path, index: int, shard: Any, first_record: int, job_
         "first_record": first_record,
         "first_id": ids[0].as_py() if shard.num_rows else None,
         "last_id": ids[-1].as_py() if shard.num_rows else None,
+        "tokens": int(pc.sum(shard.column("num_tokens")).as_py() or 0),
         "sha256": _sha256(path),
     }
 
 
 def shard_entry_if_complete(directory: Path, index: int, first_record: int, job_id: str):
     """The manifest entry of shard ``index`` if its file is there, whole and of this job."""
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     path = directory / shard_name(index)
@@ -167,6 +170,7 @@ def shard_entry_if_complete(directory: Path, index: int, first_record: int, job_
         "first_record": first_record,
         "first_id": ids[0].as_py() if shard.num_rows else None,
         "last_id": ids[-1].as_py() if shard.num_rows else None,
+        "tokens": int(pc.sum(shard.column("num_tokens")).as_py() or 0),
         "sha256": _sha256(path),
     }
 

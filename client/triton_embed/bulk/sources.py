@@ -29,6 +29,9 @@ from pathlib import Path
 HASH_BLOCK = 1 << 20
 FORMATS = ("auto", "text", "jsonl", "parquet")
 INT_ID = "int64"
+BOM = b"\xef\xbb\xbf"
+#: The ids an ``int64`` column holds.
+INT64_RANGE = range(-(2**63), 2**63)
 STRING_ID = "string"
 
 
@@ -116,13 +119,13 @@ class Source:
             if self.id_field not in schema.names:
                 return INT_ID, False
             kind = schema.field(self.id_field).type
-            if pa.types.is_integer(kind):
+            if pa.types.is_integer(kind) and kind != pa.uint64():
                 return INT_ID, True
             if pa.types.is_string(kind) or pa.types.is_large_string(kind):
                 return STRING_ID, True
             raise InputError(
-                f"{self.path}: id column {self.id_field!r} is {kind}; ids must be integers or "
-                "strings (pass --id-field for another column)"
+                f"{self.path}: id column {self.id_field!r} is {kind}; ids must be integers that "
+                "fit int64 or strings (cast the column, or pass --id-field for another one)"
             )
         for kind in self._jsonl_records(first_only=True):
             return kind
@@ -190,12 +193,14 @@ class Source:
         """``(1-based line number, line)`` of every non-blank line, decoded as UTF-8."""
         with open(self.path, "rb") as f:
             for lineno, raw in enumerate(f, 1):
+                bom = len(BOM) if lineno == 1 and raw.startswith(BOM) else 0
                 try:
-                    line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")  # drop a BOM
+                    line = raw[bom:].decode("utf-8")  # a BOM on line 1 is dropped
                 except UnicodeDecodeError as exc:
+                    at = bom + exc.start
                     raise InputError(
-                        f"{self.path}:{lineno}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at "
-                        f"column {exc.start + 1}); convert the file to UTF-8"
+                        f"{self.path}:{lineno}: not valid UTF-8 (byte 0x{raw[at]:02x} at "
+                        f"column {at + 1}); convert the file to UTF-8"
                     ) from None
                 line = line.rstrip("\r\n")
                 if line.strip():
@@ -225,7 +230,8 @@ class Source:
                 if id_type is None:
                     raise InputError(
                         f"{self.path}:{lineno}: id {self.id_field!r} is "
-                        f"{type(record[self.id_field]).__name__}; ids must be integers or strings"
+                        f"{record[self.id_field]!r}; ids must be strings or integers that fit "
+                        "int64"
                     )
                 if first_only:
                     yield id_type, with_ids
@@ -237,7 +243,7 @@ class Source:
             if self.id_field not in record or _json_id_type(value) != id_type:
                 raise InputError(
                     f"{self.path}:{lineno}: every record needs an id {self.id_field!r} of the "
-                    f"first record's type ({'integer' if id_type == INT_ID else 'string'}); "
+                    f"first record's type ({'int64' if id_type == INT_ID else 'string'}); "
                     f"got {value!r}"
                 )
             yield value, record[self.text_field], lineno
@@ -287,7 +293,7 @@ def _json_id_type(value: object) -> str | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return INT_ID
+        return INT_ID if value in INT64_RANGE else None
     if isinstance(value, str):
         return STRING_ID
     return None

@@ -2,7 +2,9 @@
 
 Builds a JSONL corpus from Debian's ``fortunes`` files (human-written quotations, jokes and
 aphorisms of varied length), starts ``tritonserver`` on free loopback ports, embeds the
-corpus with ``triton-embed embed`` (the client library over gRPC), then starts the HTTP
+corpus with ``triton-embed embed`` into an output folder (the streaming path: Parquet shards
+and a manifest, over gRPC; docs/bulk.md), checks it with ``triton-embed verify``, then starts
+the HTTP
 gateway in front of the server and answers a few nearest-neighbour queries through it with
 the official ``openai`` SDK: the query vectors must be bit-identical to the gRPC path's, and
 the corpus is ranked by cosine similarity as ``triton-embed query`` ranks it. The gateway and
@@ -24,6 +26,7 @@ from pathlib import Path
 import numpy as np
 from triton_embed import EmbeddingClient, cli
 from triton_embed.admin import ADMIN_KEY_ENV
+from triton_embed.bulk.shards import read_vectors
 from triton_embed.corpus import read_fortunes, read_texts, write_jsonl
 from triton_embed_server.launcher import REPO_ROOT, Gateway, TritonServer
 
@@ -73,7 +76,7 @@ def query_through_gateway(server: TritonServer, embeddings: Path, corpus: Path, 
     rows, dim = vectors.shape
     print(f"query vectors: bit-identical to the gRPC path's ({rows} x {dim} float32)")
     texts = read_texts(corpus)
-    corpus_vectors = np.load(embeddings)
+    corpus_vectors = read_vectors(embeddings)
     for query, hits in zip(QUERIES, cli.nearest(corpus_vectors, vectors, TOP_K), strict=True):
         print(f"query: {query}")
         for rank, (index, cosine) in enumerate(hits, start=1):
@@ -114,16 +117,18 @@ def main() -> int:
         print(f"server ready in {time.perf_counter() - t0:.1f} s")
         # The client reads max_batch_size (a restricted API) with the server's admin key.
         os.environ[ADMIN_KEY_ENV] = server.admin_key
-        embeddings = args.out_dir / "fortunes.npy"
+        embeddings = args.out_dir / "fortunes_embeddings"
+        parser = cli.build_parser()
         summary = cli.run_embed(
-            cli.build_parser().parse_args(
+            parser.parse_args(
                 [
                     "embed",
                     str(corpus),
                     "-o",
                     str(embeddings),
-                    "--parquet",
-                    str(args.out_dir / "fortunes.parquet"),
+                    "--overwrite",  # a new run embeds again (and prints its figures)
+                    "--shard-rows",
+                    "1000",
                     "--concurrency",
                     str(args.concurrency),
                     "--batch-size",
@@ -135,6 +140,7 @@ def main() -> int:
                 ]
             )
         )
+        cli.run_verify(parser.parse_args(["verify", str(embeddings), str(corpus)]))
         print()
         code = query_through_gateway(server, embeddings, corpus, args.out_dir / "gateway.log")
     print(f"\ngateway and server stopped. figures: {json.dumps(summary)}")

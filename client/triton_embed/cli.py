@@ -54,6 +54,7 @@ __all__ = [
     "run_gateway",
     "run_query",
     "run_repository",
+    "run_verify",
     "summarize",
 ]
 
@@ -448,7 +449,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     q = sub.add_parser("query", help="nearest texts of an embedded corpus to a query")
     q.add_argument("queries", nargs="+", help="query text(s)")
-    q.add_argument("--embeddings", type=Path, required=True, help=".npy written by 'embed'")
+    q.add_argument(
+        "--embeddings",
+        type=Path,
+        required=True,
+        help=".npy or output folder written by 'embed' (rows in corpus order)",
+    )
     q.add_argument("--corpus", type=Path, required=True, help="the file that was embedded")
     q.add_argument(
         "-k",

@@ -97,12 +97,19 @@ def _save_npy(path: Path, array: np.ndarray) -> None:
 
 
 def _load_embeddings(path: Path) -> np.ndarray:
-    """The ``[n, dim]`` array of a .npy written by ``triton-embed embed``.
+    """The ``[n, dim]`` array of a .npy or an output folder written by ``triton-embed embed``.
 
     Raises:
         EmbedClientError: one line naming ``--embeddings``, the file and what it must be.
     """
     what = "it must be a .npy file written by 'triton-embed embed' (its -o file)"
+    if path.is_dir():
+        from triton_embed.bulk.shards import read_vectors
+
+        try:
+            return read_vectors(path)
+        except ValueError as exc:
+            raise EmbedClientError(f"--embeddings {exc}") from None
     if not path.exists():
         npy = path.with_name(path.name + ".npy")
         guess = f"; did you mean {npy}?" if npy.is_file() else ""

@@ -199,6 +199,28 @@ def read_manifest(directory: Path) -> dict | None:
     return manifest
 
 
+def read_vectors(directory: str | Path) -> np.ndarray:
+    """Every embedding of a complete output folder, ``[rows, width]``, in input order.
+
+    Raises:
+        ValueError: no manifest (a Ray output has no input order), or the job is not
+            complete; the message names the folder.
+    """
+    import pyarrow.parquet as pq
+
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    if manifest is None or not manifest.get("complete"):
+        state = "has no " + MANIFEST if manifest is None else "is not complete"
+        raise ValueError(
+            f"{directory} {state}: pass a folder 'triton-embed embed' finished (rows in input "
+            "order)"
+        )
+    columns = [pq.read_table(directory / e["file"], columns=["embedding"]).column(0)
+               for e in manifest["shards"]]  # fmt: skip
+    return np.concatenate([np.stack(c.to_numpy(zero_copy_only=False)) for c in columns if len(c)])
+
+
 # ---- verify -------------------------------------------------------------------------------
 
 

@@ -31,15 +31,18 @@ RAY = str(Path(sys.executable).with_name("ray"))
 ROWS = 1200
 
 
-def _cluster_processes(temp_dir: str) -> list[psutil.Process]:
-    """The processes of the Ray cluster whose temporary folder is ``temp_dir``."""
+def _cluster_processes(temp_dir: str, port: int) -> list[psutil.Process]:
+    """The processes of the Ray cluster of ``temp_dir`` and head ``port``.
+
+    The head's Ray client server names only the port (``ray.util.client.server``).
+    """
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         try:
             cmdline = " ".join(proc.info["cmdline"] or [])
         except psutil.Error:
             continue
-        if temp_dir in cmdline:
+        if temp_dir in cmdline or (f":{port}" in cmdline and "ray.util.client.server" in cmdline):
             found.append(proc)
     return found
 
@@ -61,7 +64,7 @@ def ray_cluster():
         ):
             done = subprocess.run([RAY, "start", *args, *common], env=env, capture_output=True,
                                   text=True, timeout=180)  # fmt: skip
-            started = _cluster_processes(temp_dir)
+            started = _cluster_processes(temp_dir, port)
             assert done.returncode == 0, done.stdout + done.stderr
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -73,7 +76,7 @@ def ray_cluster():
         assert status.stdout.count(" node_") == 2, status.stdout + status.stderr
         yield f"127.0.0.1:{port}"
     finally:
-        procs = {p.pid: p for p in [*started, *_cluster_processes(temp_dir)]}
+        procs = {p.pid: p for p in [*started, *_cluster_processes(temp_dir, port)]}
         for proc in list(procs.values()):
             try:
                 for child in proc.children(recursive=True):

@@ -237,10 +237,10 @@ def test_cli_reports_errors_without_a_traceback(server, tmp_path, cli_env):
     assert proc.returncode == 1 and "unavailable" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_cli_output_is_written_under_the_name_given_and_queried_by_it(
+def test_cli_output_folder_is_written_under_the_name_given_and_queried_by_it(
     server, small_corpus, tmp_path, cli_env
 ):
-    out = tmp_path / "vec"  # no .npy suffix
+    out = tmp_path / "vec"  # no .npy suffix: an output folder of Parquet shards
     common = ["--url", server.grpc_url]
     proc = subprocess.run(
         [*CLI, "embed", str(small_corpus["txt"]), "-o", str(out), "--no-progress", *common],
@@ -250,7 +250,8 @@ def test_cli_output_is_written_under_the_name_given_and_queried_by_it(
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.rstrip().endswith(f"-> {out}") and out.is_file()
+    assert f"-> {out} (" in proc.stdout and (out / "_manifest.json").is_file()
+    assert (out / "part-00000.parquet").is_file()
     query = [*CLI, "query", small_corpus["lines"][3], "--corpus", str(small_corpus["txt"])]
     proc = subprocess.run(
         [*query, "--embeddings", str(out), "--json", "-k", "1", *common],

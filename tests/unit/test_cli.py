@@ -306,15 +306,13 @@ def test_nearest_rejects_k_below_one():
 # --- output files ------------------------------------------------------------------------
 
 
-def test_embed_writes_the_output_under_the_name_given_and_query_reads_it(
-    fake_client, tmp_path, capsys
-):
+def test_embed_writes_a_npy_output_and_query_reads_it(fake_client, tmp_path, capsys):
     corpus = tmp_path / "ok.txt"
     corpus.write_text("one two\nthree\n")
-    out = tmp_path / "vec"  # no .npy suffix: numpy's np.save(name) would add one
+    out = tmp_path / "vec.NPY"  # any case: numpy's np.save(name) would add ".npy"
     assert main(["embed", str(corpus), "-o", str(out), "--no-progress"]) == 0
     assert capsys.readouterr().out.rstrip().endswith(f"-> {out}")
-    assert out.is_file() and not (tmp_path / "vec.npy").exists()
+    assert out.is_file() and not (tmp_path / "vec.NPY.npy").exists()
     np.testing.assert_array_equal(np.load(out), [[7.0, 0.0], [5.0, 1.0]])
     argv = ["query", "hello", "--embeddings", str(out), "--corpus", str(corpus), "--json"]
     assert main(argv) == 0
@@ -324,13 +322,14 @@ def test_embed_writes_the_output_under_the_name_given_and_query_reads_it(
     ]
 
 
-def test_embed_to_a_full_device_fails_with_a_clear_error(fake_client, tmp_path, capsys):
+def test_embed_to_a_file_that_is_no_npy_fails_with_a_clear_error(fake_client, tmp_path, capsys):
     corpus = tmp_path / "ok.txt"
     corpus.write_text("one\n")
     assert main(["embed", str(corpus), "-o", "/dev/full", "--no-progress"]) == 1
     captured = capsys.readouterr()
     assert "->" not in captured.out
-    assert "error: cannot write -o /dev/full: No space left on device" in captured.err
+    assert "error: -o /dev/full is a file; name a folder (or a .npy file)" in captured.err
+    assert fake_client.made == []  # nothing was embedded
 
 
 @pytest.mark.parametrize("flag", ["-o", "--parquet", "--summary-json"])
@@ -339,11 +338,14 @@ def test_unwritable_outputs_fail_before_embedding(fake_client, tmp_path, capsys,
     corpus.write_text("one\n")
     paths = {"-o": tmp_path / "v.npy", "--parquet": None, "--summary-json": None}
     paths[flag] = tmp_path  # a folder: no file can be written there
+    if flag == "-o":  # a folder is an output folder; a folder named like a .npy file is not
+        paths[flag] = tmp_path / "d.npy"
+        paths[flag].mkdir()
     argv = ["embed", str(corpus), "--no-progress"]
     argv += [arg for f, p in paths.items() if p is not None for arg in (f, str(p))]
     assert main(argv) == 1
     assert fake_client.made == []  # nothing was embedded
-    assert f"error: cannot write {flag} {tmp_path}: Is a directory" in capsys.readouterr().err
+    assert f"error: cannot write {flag} {paths[flag]}: Is a directory" in capsys.readouterr().err
     assert not (tmp_path / "v.npy").exists()
 
 

@@ -24,6 +24,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from triton_embed_server.gateway import inference
+from triton_embed_server.gateway.addresses import parse_upstreams
+from triton_embed_server.gateway.errors import (
+    BadRequest,
+    GatewayError,
+    Overloaded,
+    Timeout,
+    Unavailable,
+    text_index,
+)
+from triton_embed_server.gateway.metrics import GatewayMetrics
+from triton_embed_server.gateway.upstreams import UpstreamPool
 
 from triton_embed.codec import decode_embeddings
 from triton_embed.errors import (
@@ -36,7 +48,7 @@ from triton_embed.options import DEFAULT_EMBEDDING_TYPE, RequestOptions
 from triton_embed.retry import RetryPolicy
 
 #: Seconds :meth:`PoolEmbedder.start` waits for a server with the model READY.
-READY_WAIT_S = 60.0
+READY_WAIT_S = 30.0
 #: The bulk default: patient, since a job of hours should outlast a server restart
 #: (bounds 0.2, 0.4, ... 10 s; up to about 3.5 minutes of waiting per batch).
 BULK_RETRY = RetryPolicy(retries=24, initial_wait_s=0.2, max_wait_s=10.0)
@@ -133,10 +145,6 @@ class PoolEmbedder:
             ServerUnavailableError: no server had the model READY within ``ready_wait_s``
                 (says what each server answered).
         """
-        from triton_embed_server.gateway.addresses import parse_upstreams
-        from triton_embed_server.gateway.metrics import GatewayMetrics
-        from triton_embed_server.gateway.upstreams import UpstreamPool
-
         from triton_embed.admin import is_refused
 
         try:
@@ -194,16 +202,6 @@ class PoolEmbedder:
             ServerUnavailableError: still failing after the retries (the last reason).
             EmbedClientError: another failure (the server's message).
         """
-        from triton_embed_server.gateway import inference
-        from triton_embed_server.gateway.errors import (
-            BadRequest,
-            GatewayError,
-            Overloaded,
-            Timeout,
-            Unavailable,
-            text_index,
-        )
-
         payloads = [t.encode("utf-8") if isinstance(t, str) else bytes(t) for t in texts]
         t0 = time.perf_counter()
         retries = 0

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from triton_embed.bulk import shards
 from triton_embed.bulk.engine import BULK_RETRY, Batch, PoolEmbedder
@@ -241,8 +242,6 @@ class BulkJob:
         return self._summary(time.perf_counter() - t0)
 
     async def _run(self) -> None:
-        from tqdm import tqdm
-
         settings = self.settings
         total = self.source.count()
         bar = tqdm(

@@ -27,6 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from triton_embed.options import EmbeddingType
 
@@ -50,8 +53,6 @@ def embedding_width(embedding_type: str, dim: int) -> int:
 
 
 def _value_type(embedding_type: str) -> Any:
-    import pyarrow as pa
-
     return {
         EmbeddingType.FLOAT32: pa.float32(),
         EmbeddingType.FLOAT16: pa.float16(),
@@ -61,8 +62,6 @@ def _value_type(embedding_type: str) -> Any:
 
 def schema(id_type: str, embedding_type: str, dim: int, include_text: bool) -> Any:
     """The ``pyarrow.Schema`` of a shard (see the module docstring)."""
-    import pyarrow as pa
-
     fields = [
         pa.field("id", pa.int64() if id_type == "int64" else pa.string(), nullable=False),
         pa.field("num_tokens", pa.int32(), nullable=False),
@@ -93,8 +92,6 @@ def table(
         vectors: ``[n, width]`` of the embedding's value type.
         texts: ``n`` texts, when the schema has a ``text`` column.
     """
-    import pyarrow as pa
-
     embedding_type = shard_schema.field("embedding").type
     values = pa.array(np.ascontiguousarray(vectors).reshape(-1), type=embedding_type.value_type)
     columns = [
@@ -130,9 +127,6 @@ def write_shard(directory: Path, index: int, shard: Any, first_record: int, job_
     The file's key-value metadata names the shard, its first record and the job, so a shard
     renamed into place just before a crash (the manifest not yet updated) is recognised.
     """
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
     meta = {"shard": index, "first_record": first_record, "rows": shard.num_rows, "job": job_id}
     shard = shard.replace_schema_metadata({SHARD_METADATA_KEY: json.dumps(meta).encode()})
     path = directory / shard_name(index)
@@ -151,9 +145,6 @@ def write_shard(directory: Path, index: int, shard: Any, first_record: int, job_
 
 def shard_entry_if_complete(directory: Path, index: int, first_record: int, job_id: str):
     """The manifest entry of shard ``index`` if its file is there, whole and of this job."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
     path = directory / shard_name(index)
     try:
         meta = pq.read_metadata(path).metadata or {}
@@ -206,8 +197,6 @@ def read_vectors(directory: str | Path) -> np.ndarray:
         ValueError: no manifest (a Ray output has no input order), or the job is not
             complete; the message names the folder.
     """
-    import pyarrow.parquet as pq
-
     directory = Path(directory)
     manifest = read_manifest(directory)
     if manifest is None or not manifest.get("complete"):
@@ -272,8 +261,6 @@ def verify(directory: str | Path, source=None) -> Verdict:
     Raises:
         ValueError: ``directory`` is no folder, or its manifest is unreadable.
     """
-    import pyarrow.parquet as pq
-
     directory = Path(directory)
     if not directory.is_dir():
         raise ValueError(f"{directory}: no such folder")
@@ -350,8 +337,6 @@ def verify(directory: str | Path, source=None) -> Verdict:
 
 
 def _schema_problem(shard_schema: Any) -> str | None:
-    import pyarrow as pa
-
     need = {"id", "num_tokens", "embedding"}
     missing = need - set(shard_schema.names)
     if missing:

@@ -104,6 +104,11 @@ def run_bulk(args: argparse.Namespace, key: str | None, retry) -> dict:
         admin_key=key or read_admin_key(),
         retry=BULK_RETRY if _default_retry(args) else retry,
     )
+    # The system allocator gives a written shard's buffers back to the OS (pyarrow's default
+    # pool keeps them): peak RSS stays one shard's worth. This process only runs the job.
+    import pyarrow as pa
+
+    pa.set_memory_pool(pa.system_memory_pool())
     job = BulkJob(
         _source(args),
         args.output,

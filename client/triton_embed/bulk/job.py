@@ -341,10 +341,10 @@ class BulkJob:
 
     async def _write(self, index: int, held: list[tuple[Chunk, Batch]]) -> None:
         """Write shard ``index`` from its requests' answers and record it in the manifest."""
-        vectors = np.concatenate([b.vectors for _, b in held])
+        vectors = [b.vectors for _, b in held]  # the column's chunks: no copy into one array
         manifest = self.manifest
         if manifest["dimension"] is None:
-            width = vectors.shape[1]
+            width = vectors[0].shape[1]
             manifest["dimension"] = self.model_dimension or (
                 width * 8 if manifest["embedding_type"] == "ubinary" else width
             )

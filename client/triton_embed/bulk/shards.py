@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,7 @@ def table(
     shard_schema: Any,
     ids: list,
     num_tokens: np.ndarray,
-    vectors: np.ndarray,
+    vectors: np.ndarray | Sequence[np.ndarray],
     texts: list[str] | None = None,
 ) -> Any:
     """A ``pyarrow.Table`` of ``shard_schema`` from one shard's rows.
@@ -89,18 +90,30 @@ def table(
         shard_schema: :func:`schema`.
         ids: ``n`` ids.
         num_tokens: int ``[n]``.
-        vectors: ``[n, width]`` of the embedding's value type.
+        vectors: ``[n, width]`` of the embedding's value type, or several such arrays (one per
+            request) whose rows add up to ``n``: they become the chunks of the column, without
+            being copied into one array first.
         texts: ``n`` texts, when the schema has a ``text`` column.
     """
     embedding_type = shard_schema.field("embedding").type
-    values = pa.array(np.ascontiguousarray(vectors).reshape(-1), type=embedding_type.value_type)
+    parts = [vectors] if isinstance(vectors, np.ndarray) else list(vectors)
+    embeddings = pa.chunked_array(
+        [
+            pa.FixedSizeListArray.from_arrays(
+                pa.array(np.ascontiguousarray(p).reshape(-1), type=embedding_type.value_type),
+                embedding_type.list_size,
+            )
+            for p in parts
+        ],
+        type=embedding_type,
+    )
     columns = [
-        pa.array(ids, type=shard_schema.field("id").type),
-        pa.array(np.asarray(num_tokens, dtype=np.int32)),
-        pa.FixedSizeListArray.from_arrays(values, embedding_type.list_size),
+        pa.chunked_array([pa.array(ids, type=shard_schema.field("id").type)]),
+        pa.chunked_array([pa.array(np.asarray(num_tokens, dtype=np.int32))]),
+        embeddings,
     ]
     if "text" in shard_schema.names:
-        columns.append(pa.array(texts, type=pa.string()))
+        columns.append(pa.chunked_array([pa.array(texts, type=pa.string())]))
     return pa.Table.from_arrays(columns, schema=shard_schema)
 
 
@@ -130,7 +143,9 @@ def write_shard(directory: Path, index: int, shard: Any, first_record: int, job_
     meta = {"shard": index, "first_record": first_record, "rows": shard.num_rows, "job": job_id}
     shard = shard.replace_schema_metadata({SHARD_METADATA_KEY: json.dumps(meta).encode()})
     path = directory / shard_name(index)
-    _replace_atomically(path, lambda tmp: pq.write_table(shard, tmp))
+    # No dictionary encoding: embeddings and ids are (nearly) all distinct, and the
+    # dictionary builder would hold a hash table as large as the shard.
+    _replace_atomically(path, lambda tmp: pq.write_table(shard, tmp, use_dictionary=False))
     ids = shard.column("id")
     return {
         "file": path.name,

@@ -48,6 +48,30 @@ def corpus(path: Path, n: int) -> Path:
     return path
 
 
+def measure(args: list[str], env: dict[str, str]) -> tuple[int, str, int, float]:
+    """Run a command; ``(exit code, output, peak RSS in bytes, wall seconds)``.
+
+    RSS is sampled every 20 ms (``psutil``); the output is stdout and stderr together.
+    """
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    peak = 0
+    try:
+        ps = psutil.Process(proc.pid)
+        while proc.poll() is None:
+            try:
+                peak = max(peak, ps.memory_info().rss)
+            except psutil.Error:
+                break
+            time.sleep(0.02)
+        output = proc.stdout.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    return proc.returncode, output, peak, time.perf_counter() - t0
+
+
 def run(contender: str, source: Path, work: Path, server: TritonServer) -> dict:
     """One ``triton-embed embed`` run; its figures."""
     output = work / ("out.npy" if contender == "npy" else "out")
@@ -60,19 +84,8 @@ def run(contender: str, source: Path, work: Path, server: TritonServer) -> dict:
     args = [sys.executable, "-m", "triton_embed.cli", "embed", str(source), "-o", str(output),
             "--url", server.grpc_url, "--summary-json", str(summary), *FLAGS]  # fmt: skip
     env = {**os.environ, "TRITON_EMBED_ADMIN_KEY": server.admin_key}
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    ps = psutil.Process(proc.pid)
-    peak = 0
-    while proc.poll() is None:
-        try:
-            peak = max(peak, ps.memory_info().rss)
-        except psutil.Error:
-            break
-        time.sleep(0.02)
-    wall = time.perf_counter() - t0
-    text = proc.stdout.read().decode()
-    if proc.returncode != 0:
+    code, text, peak, wall = measure(args, env)
+    if code != 0:
         raise RuntimeError(f"{contender} failed: {text}")
     figures = json.loads(summary.read_text())
     return {

@@ -24,13 +24,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pyarrow.parquet as pq
 import pytest
 from triton_embed.corpus import read_fortunes, write_jsonl
 from triton_embed_server.launcher import TritonServer
 from triton_embed_server.supervisor import remove_shm_regions
 
+from perf.bulk import measure
 from tests.helpers import cosines, stub_regions
 
 pytestmark = [pytest.mark.integration]
@@ -151,23 +151,8 @@ def test_sigkill_then_the_same_command_equals_an_uninterrupted_run(server, tmp_p
 def peak_rss(args: list, server: TritonServer) -> tuple[int, str]:
     """Peak RSS (bytes) of the CLI process over its run, sampled every 20 ms."""
     env = {**os.environ, "TRITON_EMBED_ADMIN_KEY": server.admin_key}
-    proc = subprocess.Popen([*CLI, *map(str, args)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    peak = 0
-    try:
-        ps = psutil.Process(proc.pid)
-        while proc.poll() is None:
-            try:
-                peak = max(peak, ps.memory_info().rss)
-            except psutil.Error:
-                break
-            time.sleep(0.02)
-        output = proc.stdout.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-    assert proc.returncode == 0, output
+    code, output, peak, _ = measure([*CLI, *map(str, args)], env)
+    assert code == 0, output
     return peak, output
 
 

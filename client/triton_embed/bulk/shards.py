@@ -134,6 +134,20 @@ def _replace_atomically(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
+def _entry(path: Path, shard: Any, first_record: int) -> dict:
+    """The manifest entry of the shard file ``path`` holding ``shard``."""
+    ids = shard.column("id")
+    return {
+        "file": path.name,
+        "rows": shard.num_rows,
+        "first_record": first_record,
+        "first_id": ids[0].as_py() if shard.num_rows else None,
+        "last_id": ids[-1].as_py() if shard.num_rows else None,
+        "tokens": int(pc.sum(shard.column("num_tokens")).as_py() or 0),
+        "sha256": _sha256(path),
+    }
+
+
 def write_shard(directory: Path, index: int, shard: Any, first_record: int, job_id: str) -> dict:
     """Write shard ``index`` atomically; returns its manifest entry.
 
@@ -146,16 +160,7 @@ def write_shard(directory: Path, index: int, shard: Any, first_record: int, job_
     # No dictionary encoding: embeddings and ids are (nearly) all distinct, and the
     # dictionary builder would hold a hash table as large as the shard.
     _replace_atomically(path, lambda tmp: pq.write_table(shard, tmp, use_dictionary=False))
-    ids = shard.column("id")
-    return {
-        "file": path.name,
-        "rows": shard.num_rows,
-        "first_record": first_record,
-        "first_id": ids[0].as_py() if shard.num_rows else None,
-        "last_id": ids[-1].as_py() if shard.num_rows else None,
-        "tokens": int(pc.sum(shard.column("num_tokens")).as_py() or 0),
-        "sha256": _sha256(path),
-    }
+    return _entry(path, shard, first_record)
 
 
 def shard_entry_if_complete(directory: Path, index: int, first_record: int, job_id: str):
@@ -169,16 +174,7 @@ def shard_entry_if_complete(directory: Path, index: int, first_record: int, job_
         return None
     if stated.get("job") != job_id or stated.get("first_record") != first_record:
         return None
-    ids = shard.column("id")
-    return {
-        "file": path.name,
-        "rows": shard.num_rows,
-        "first_record": first_record,
-        "first_id": ids[0].as_py() if shard.num_rows else None,
-        "last_id": ids[-1].as_py() if shard.num_rows else None,
-        "tokens": int(pc.sum(shard.column("num_tokens")).as_py() or 0),
-        "sha256": _sha256(path),
-    }
+    return _entry(path, shard, first_record)
 
 
 def write_manifest(directory: Path, manifest: dict) -> None:

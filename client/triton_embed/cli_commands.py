@@ -20,6 +20,7 @@ import numpy as np
 
 from triton_embed.admin import read_key_file
 from triton_embed.cli_bulk import run_bulk
+from triton_embed.cli_bulk import with_cli_flags as _with_cli_flags
 from triton_embed.client import DEFAULT_URL, EmbeddingClient
 from triton_embed.corpus import read_texts, read_texts_and_lines
 from triton_embed.errors import EmbedClientError, InvalidInputError
@@ -33,20 +34,6 @@ DEFAULT_REPOSITORY_TIMEOUT_S = 600.0
 def _plural(n: int, word: str) -> str:
     """``1 text``, ``2 texts``."""
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
-# The server's hints name request parameters; the CLI sets them with its own flags.
-_FLAG_HINTS = (
-    ("set the request parameter allow_empty=true", "pass --allow-empty"),
-    ("set the request parameter truncation=", "pass --truncation "),
-)
-
-
-def _with_cli_flags(message: str) -> str:
-    """``message`` with the request parameters of its hints replaced by the CLI's flags."""
-    for parameter, flag in _FLAG_HINTS:
-        message = message.replace(parameter, flag)
-    return message
 
 
 def _text_error(exc: InvalidInputError, where: Callable[[int], str]) -> EmbedClientError:

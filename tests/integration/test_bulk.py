@@ -77,7 +77,8 @@ def test_shards_equal_the_in_memory_path_and_match_the_reference(server, tmp_pat
     ids, counts, vectors = read_output(tmp_path / "out")
     assert ids == [f"doc-{i}" for i in range(300)]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "_manifest.json", "part-00000.parquet", "part-00001.parquet", "part-00002.parquet",
+        ".triton-embed.lock", "_manifest.json", "part-00000.parquet", "part-00001.parquet",
+        "part-00002.parquet",
     ]  # fmt: skip
     assert vectors.dtype == np.float32 and vectors.shape == (300, DIM)
     assert np.array_equal(vectors, np.load(tmp_path / "c.npy"))

@@ -320,7 +320,7 @@ def test_verify_duplicate_ids_across_shards(tmp_path):
     entry = shards.write_shard(out, 1, shard_table([2, 3, 4]), 3, manifest["job_id"])
     shards.write_manifest(out, dict(manifest, shards=[manifest["shards"][0], entry]))
     verdict = shards.verify(out)
-    assert verdict.problems == ["1 duplicate ids"]
+    assert verdict.problems == ["1 duplicate ids, e.g. [2]"]
 
 
 def test_verify_rows_mismatch_in_the_manifest(tmp_path):
@@ -401,7 +401,7 @@ def test_verify_without_manifest_ids_out_of_order_are_fine(tmp_path):
 
 def test_verify_without_manifest_duplicate_ids(tmp_path):
     out = ray_output(tmp_path, [[0, 1, 2], [2, 1]])
-    assert shards.verify(out).problems == ["2 duplicate ids"]
+    assert shards.verify(out).problems == ["2 duplicate ids, e.g. [1, 2]"]
 
 
 def test_verify_without_manifest_input_ids_missing(tmp_path):
@@ -517,10 +517,10 @@ def test_differences_name_each_change(tmp_path):
                     include_text=True),
     )  # fmt: skip
     assert _differences(old, new) == [
-        "the model: 'embed' then, 'big' now",
-        "the request options: {} then, {'dimensions': 8} now",
+        "--model: 'embed' then, 'big' now",
         "--shard-rows: 3 then, 5 now",
         "--include-text: False then, True now",
+        "--dimensions: 'not set' then, 8 now",
     ]
     moved = json.loads(json.dumps(old))
     moved["input"]["path"] = "/elsewhere/input.txt"
@@ -531,8 +531,15 @@ def test_differences_name_each_change(tmp_path):
 # --- BulkJob's output folder ------------------------------------------------------------------
 
 
+def listing(folder: Path) -> list[str]:
+    """The folder's files but the job's lock file."""
+    return sorted(p.name for p in folder.iterdir() if p.name != ".triton-embed.lock")
+
+
 def make_job(source: Source, out: Path, settings: JobSettings = SETTINGS, **kwargs) -> BulkJob:
-    return BulkJob(source, out, [], settings, progress=False, **kwargs)
+    job = BulkJob(source, out, [], settings, progress=False, **kwargs)
+    job.close()  # release the folder's lock: these tests open the folder again
+    return job
 
 
 def test_bulkjob_creates_an_incomplete_manifest(tmp_path):
@@ -548,7 +555,7 @@ def test_bulkjob_creates_an_incomplete_manifest(tmp_path):
     assert manifest["embedding_type"] == "float32"
     assert manifest["dimension"] is None
     assert manifest["shard_rows"] == 3
-    assert sorted(p.name for p in out.iterdir()) == ["_manifest.json"]
+    assert listing(out) == ["_manifest.json"]
     assert job.resumed_rows == 0
 
 
@@ -587,11 +594,12 @@ def test_bulkjob_another_model_refused(tmp_path):
     source = text_source(tmp_path)
     out = tmp_path / "out"
     make_job(source, out)
+    (out / "part-00000.parquet").write_bytes(b"written")  # something to lose: refused
     with pytest.raises(JobMismatchError) as err:
         make_job(source, out, JobSettings(model="other", shard_rows=3))
     message = str(err.value)
     assert str(out) in message
-    assert "the model: 'embed' then, 'other' now" in message
+    assert "--model: 'embed' then, 'other' now" in message
     assert "--overwrite" in message
     assert "input changed" not in message
 
@@ -600,6 +608,7 @@ def test_bulkjob_changed_input_refused(tmp_path):
     source = text_source(tmp_path)
     out = tmp_path / "out"
     make_job(source, out)
+    (out / "part-00000.parquet").write_bytes(b"written")  # something to lose: refused
     source.path.write_text("".join(f"line {i}\n" for i in range(7)))
     with pytest.raises(JobMismatchError) as err:
         make_job(Source(source.path), out)
@@ -611,6 +620,7 @@ def test_bulkjob_changed_shard_rows_refused(tmp_path):
     source = text_source(tmp_path)
     out = tmp_path / "out"
     make_job(source, out)
+    (out / "part-00000.parquet").write_bytes(b"written")  # something to lose: refused
     with pytest.raises(JobMismatchError, match="--shard-rows: 3 then, 4 now"):
         make_job(source, out, JobSettings(shard_rows=4))
 
@@ -624,7 +634,7 @@ def test_bulkjob_overwrite_starts_fresh(tmp_path):
     (out / ".part-00002.parquet.tmp").write_bytes(b"x")
     other = JobSettings(model="other", shard_rows=3)
     fresh = make_job(source, out, other, overwrite=True)
-    assert sorted(p.name for p in out.iterdir()) == ["_manifest.json"]
+    assert listing(out) == ["_manifest.json"]
     manifest = shards.read_manifest(out)
     assert manifest["shards"] == []
     assert manifest["rows"] == 0
@@ -638,7 +648,7 @@ def test_bulkjob_overwrite_of_shards_without_manifest(tmp_path):
     (out / "part-00000.parquet").write_bytes(b"old")
     (out / "notes.txt").write_text("kept")
     make_job(text_source(tmp_path), out, overwrite=True)
-    assert sorted(p.name for p in out.iterdir()) == ["_manifest.json", "notes.txt"]
+    assert listing(out) == ["_manifest.json", "notes.txt"]
 
 
 def test_bulkjob_shard_files_without_manifest_refused(tmp_path):
@@ -648,7 +658,7 @@ def test_bulkjob_shard_files_without_manifest_refused(tmp_path):
     with pytest.raises(EmbedClientError) as err:
         make_job(text_source(tmp_path), out)
     assert not isinstance(err.value, JobMismatchError)
-    assert "holds shard files but no _manifest.json" in str(err.value)
+    assert "holds shard files (part-NNNNN.parquet) but no _manifest.json" in str(err.value)
     assert (out / "part-00000.parquet").read_bytes() == b"old"
 
 
@@ -685,7 +695,7 @@ def test_bulkjob_adopts_a_shard_missing_from_the_manifest(tmp_path):
     assert again.manifest["rows"] == 3
     assert again.resumed_rows == 3
     assert again.resumed_rows_at_start == 3
-    assert sorted(p.name for p in out.iterdir()) == ["_manifest.json", "part-00000.parquet"]
+    assert listing(out) == ["_manifest.json", "part-00000.parquet"]
 
 
 def test_bulkjob_adopts_only_the_next_shard(tmp_path):
@@ -702,7 +712,7 @@ def test_bulkjob_adopts_only_the_next_shard(tmp_path):
     manifest = shards.read_manifest(out)
     assert manifest["shards"] == [first, second]
     assert manifest["rows"] == 6
-    assert sorted(p.name for p in out.iterdir()) == [
+    assert listing(out) == [
         "_manifest.json", "part-00000.parquet", "part-00001.parquet",
     ]  # fmt: skip
 
@@ -715,7 +725,7 @@ def test_bulkjob_does_not_adopt_another_jobs_shard(tmp_path):
     again = make_job(source, out)
     assert again.manifest["shards"] == []
     assert again.manifest["rows"] == 0
-    assert sorted(p.name for p in out.iterdir()) == ["_manifest.json"]
+    assert listing(out) == ["_manifest.json"]
 
 
 def test_bulkjob_does_not_adopt_a_shard_with_another_first_record(tmp_path):
@@ -799,3 +809,52 @@ def test_pipeline_resumes_after_a_crash_embedding_each_record_once(tmp_path):
     assert shards.verify(out, source).problems == []
     ids = pq.read_table(out).column("id").to_pylist()
     assert sorted(ids) == list(range(8))
+
+
+def test_bulkjob_takes_over_a_folder_where_nothing_was_written(tmp_path):
+    source = text_source(tmp_path)
+    out = tmp_path / "out"
+    make_job(source, out)  # stopped before its first shard (e.g. refused options)
+    job = make_job(source, out, JobSettings(model="other", shard_rows=3))
+    assert shards.read_manifest(out)["job"]["model"] == "other" == job.settings.model
+
+
+def test_bulkjob_keeps_files_that_are_not_its_shards(tmp_path):
+    source = text_source(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("part-notes.txt", ".part-hidden-config", "part-of-speech.csv", "part-1.parquet"):
+        (out / name).write_text("mine")
+    make_job(source, out)
+    make_job(source, out, overwrite=True)
+    assert listing(out) == [".part-hidden-config", "_manifest.json", "part-1.parquet",
+                            "part-notes.txt", "part-of-speech.csv"]  # fmt: skip
+
+
+def test_bulkjob_refuses_a_folder_another_job_is_writing(tmp_path):
+    source = text_source(tmp_path)
+    out = tmp_path / "out"
+    first = BulkJob(source, out, [], SETTINGS, progress=False)  # holds the lock
+    try:
+        with pytest.raises(EmbedClientError, match="is being written by another"):
+            BulkJob(source, out, [], SETTINGS, progress=False)
+    finally:
+        first.close()
+    make_job(source, out)  # free again
+
+
+def test_bulkjob_refuses_an_empty_input(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    with pytest.raises(EmbedClientError, match="holds no texts"):
+        make_job(Source(empty), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_explicit_default_embedding_type_is_the_same_job(tmp_path):
+    source = text_source(tmp_path)
+    out = tmp_path / "out"
+    make_job(source, out)
+    (out / "part-00000.parquet").write_bytes(b"written")
+    explicit = JobSettings(options=RequestOptions(embedding_type="float32"), shard_rows=3)
+    make_job(source, out, explicit)  # not refused

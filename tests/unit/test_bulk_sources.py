@@ -183,7 +183,7 @@ def test_jsonl_not_an_object_with_a_string_text(tmp_path, line):
         read_all(source)
     assert f"{path}:2:" in str(err.value)
     assert "'text'" in str(err.value)
-    assert "--text-field" in str(err.value)
+    assert "--field" in str(err.value)
 
 
 def test_jsonl_not_json_names_the_line(tmp_path):
@@ -273,14 +273,14 @@ def test_parquet_null_text_refused(tmp_path):
     path = write_parquet(tmp_path / "c.parquet", {"text": ["a", None, "c"], "id": [1, 2, 3]})
     with pytest.raises(InputError) as err:
         read_all(Source(path))
-    assert "row 1 has no text" in str(err.value)
+    assert "row 1: its text is null" in str(err.value)
 
 
 def test_parquet_null_id_refused(tmp_path):
     path = write_parquet(tmp_path / "c.parquet", {"text": ["a", "b", "c"], "id": [1, 2, None]})
     with pytest.raises(InputError) as err:
         read_all(Source(path))
-    assert "row 2 has no id" in str(err.value)
+    assert "row 2: its id is null" in str(err.value)
 
 
 def test_parquet_null_after_start_names_its_row(tmp_path):
@@ -289,7 +289,7 @@ def test_parquet_null_after_start_names_its_row(tmp_path):
         {"text": ["a", "b", "c", "d", None], "id": [1, 2, 3, 4, 5]},
         row_group_size=2,
     )
-    with pytest.raises(InputError, match="row 4 has no text"):
+    with pytest.raises(InputError, match="row 4: its text is null"):
         read_all(Source(path), size=3, start=3)
 
 

@@ -36,6 +36,8 @@ from triton_embed.errors import EmbedClientError, InvalidInputError
 from triton_embed.options import DEFAULT_EMBEDDING_TYPE, RequestOptions
 from triton_embed.retry import RetryPolicy
 
+#: The lock file of an output folder (hidden: Parquet readers skip it).
+LOCK = ".triton-embed.lock"
 #: Records per shard by default: 10,000 x 1,024 float32 is 40 MB held before a write.
 DEFAULT_SHARD_ROWS = 10_000
 #: Each answered request is kept until the ones before it are answered: at most this many
@@ -77,6 +79,8 @@ class JobSettings:
 def job_identity(source: Source, settings: JobSettings) -> dict:
     """What must not change between a run and its resumption (recorded in the manifest)."""
     params = settings.options.to_parameters()
+    if params.get("embedding_type") == DEFAULT_EMBEDDING_TYPE.value:
+        del params["embedding_type"]  # the default, whether given or not
     return {
         "model": settings.model,
         "parameters": {k: params[k] for k in sorted(params)},
@@ -95,11 +99,17 @@ def _differences(old: dict, new: dict) -> list[str]:
     what = []
     if old.get("input", {}).get("fingerprint") != new["input"]["fingerprint"]:
         what.append("the input changed (its SHA-256 or how it is read)")
-    names = {"model": "the model", "parameters": "the request options",
-             "shard_rows": "--shard-rows", "include_text": "--include-text"}  # fmt: skip
+    names = {"model": "--model", "shard_rows": "--shard-rows", "include_text": "--include-text"}
     for key, name in names.items():
         if old.get(key) != new[key]:
             what.append(f"{name}: {old.get(key)!r} then, {new[key]!r} now")
+    before, now = old.get("parameters") or {}, new["parameters"]
+    for key in sorted(set(before) | set(now)):
+        if before.get(key) != now.get(key):
+            flag = "--" + key.replace("_", "-")
+            what.append(
+                f"{flag}: {before.get(key, 'not set')!r} then, {now.get(key, 'not set')!r} now"
+            )
     return what
 
 
@@ -144,6 +154,9 @@ class BulkJob:
         self.urls = urls
         self.settings = settings
         self.show_progress = progress
+        self.total = source.count()
+        if not self.total:
+            raise EmbedClientError(f"{source.path} holds no texts")
         self.identity = job_identity(source, settings)
         self.job_id = _job_id(self.identity)
         self.manifest = self._open(overwrite)
@@ -157,24 +170,61 @@ class BulkJob:
         out = self.out_dir
         if out.exists() and not out.is_dir():
             raise EmbedClientError(f"-o {out} is a file; name a folder (or a .npy file)")
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            self._lock()
+            return self._open_locked(overwrite)
+        except OSError as exc:
+            raise EmbedClientError(
+                f"cannot write -o {out}: {exc.strerror or exc} ({exc.filename or out})"
+            ) from None
+
+    def _lock(self) -> None:
+        """Hold an exclusive lock on the folder for the life of the job (one writer only).
+
+        Raises:
+            EmbedClientError: another ``triton-embed embed`` is writing to the folder.
+        """
+        import fcntl
+
+        self._lock_file = open(self.out_dir / LOCK, "a+")  # noqa: SIM115 - held until exit
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock_file.close()
+            raise EmbedClientError(
+                f"{self.out_dir} is being written by another 'triton-embed embed'; wait for it "
+                "to finish (or stop it), or name another -o folder"
+            ) from None
+
+    def close(self) -> None:
+        """Release the folder's lock (:meth:`run` does when it ends)."""
+        lock = getattr(self, "_lock_file", None)
+        if lock is not None and not lock.closed:
+            lock.close()  # closing the file releases the flock
+
+    def _open_locked(self, overwrite: bool) -> dict:
+        out = self.out_dir
         try:
             manifest = shards.read_manifest(out)
         except ValueError as exc:
             raise EmbedClientError(f"{exc}; name another -o folder") from None
-        ours = [p for p in out.iterdir() if p.name.startswith(("part-", ".part-"))]
+        ours = [p for p in out.iterdir() if shards.is_shard_file(p.name)]
         if manifest is None and ours and not overwrite:
             raise EmbedClientError(
-                f"{out} holds shard files but no {shards.MANIFEST}; name another -o folder or "
-                "pass --overwrite"
+                f"{out} holds shard files (part-NNNNN.parquet) but no {shards.MANIFEST}; name "
+                "another -o folder or pass --overwrite"
             )
         if manifest is not None and not overwrite:
             differences = _differences(manifest.get("job", {}), self.identity)
-            if differences:
+            nothing_written = not manifest["shards"] and not manifest["complete"] and not ours
+            if differences and not nothing_written:
                 raise JobMismatchError(
                     f"{out} holds the output of another job: {'; '.join(differences)}. Name "
                     "another -o folder, or pass --overwrite to replace it"
                 )
+            if differences:  # a run that stopped before its first shard: nothing to keep
+                manifest = None
         if overwrite and (manifest is not None or ours):
             for path in ours:
                 path.unlink()
@@ -215,9 +265,7 @@ class BulkJob:
                 manifest["tokens"] += entry["tokens"]
         keep = {entry["file"] for entry in done}
         for path in self.out_dir.iterdir():
-            if path.name.startswith(".part-") or (
-                path.name.startswith("part-") and path.name not in keep
-            ):
+            if shards.is_shard_file(path.name) and path.name not in keep:
                 path.unlink()
 
     # ---- the run --------------------------------------------------------------------------
@@ -235,15 +283,18 @@ class BulkJob:
                 finished shards are kept.
             ServerUnavailableError: the servers stayed unreachable through the retries.
         """
-        if self.manifest["complete"]:
-            return self._summary(0.0, already_complete=True)
-        t0 = time.perf_counter()
-        asyncio.run(self._run())
-        return self._summary(time.perf_counter() - t0)
+        try:
+            if self.manifest["complete"]:
+                return self._summary(0.0, already_complete=True)
+            t0 = time.perf_counter()
+            asyncio.run(self._run())
+            return self._summary(time.perf_counter() - t0)
+        finally:
+            self.close()
 
     async def _run(self) -> None:
         settings = self.settings
-        total = self.source.count()
+        total = self.total
         bar = tqdm(
             total=total,
             initial=min(self.resumed_rows, total),
@@ -370,12 +421,17 @@ class BulkJob:
         shards.write_manifest(self.out_dir, manifest)
 
     def _input_error(self, exc: InvalidInputError, chunk: Chunk) -> EmbedClientError:
+        kept = len(self.manifest["shards"])
+        if exc.index is None:  # the request's options, not a text
+            return InvalidInputError(
+                f"the server refused the request: {exc}. Change the flag it names and run "
+                f"again{' with --overwrite' if kept else ''}"
+            )
         where = str(self.source.path)
         if exc.index is not None and 0 <= exc.index < len(chunk.texts):
             line = chunk.lines[exc.index]
             label = "row" if self.source.format == "parquet" else "line"
             where = f"{where} {label} {line} (id {chunk.ids[exc.index]!r})"
-        kept = len(self.manifest["shards"])
         return InvalidInputError(
             f"{where}: {exc}. The {kept} finished shards are kept; fix the input, then run "
             "again with --overwrite (the input's fingerprint changes)"

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,14 @@ MANIFEST = "_manifest.json"  # "_": Parquet readers (pyarrow, Ray, Spark) skip i
 FORMAT = "triton-embed-shards/1"
 #: The key of each shard's Parquet key-value metadata.
 SHARD_METADATA_KEY = b"triton_embed"
+
+
+_SHARD_FILE = re.compile(r"^\.?part-\d{5}\.parquet(\.tmp)?$")
+
+
+def is_shard_file(name: str) -> bool:
+    """Whether ``name`` is a shard or its temporary: ``[.]part-NNNNN.parquet[.tmp]``."""
+    return _SHARD_FILE.match(name) is not None
 
 
 def shard_name(index: int) -> str:
@@ -273,10 +282,19 @@ def verify(directory: str | Path, source=None) -> Verdict:
         ValueError: ``directory`` is no folder, or its manifest is unreadable.
     """
     directory = Path(directory)
+    if directory.is_file():
+        raise ValueError(f"{directory} is a file; verify checks an output folder")
     if not directory.is_dir():
         raise ValueError(f"{directory}: no such folder")
     manifest = read_manifest(directory)
     verdict = Verdict()
+    visible_shards = [p for p in directory.iterdir()
+                      if is_shard_file(p.name) and not p.name.startswith(".")]  # fmt: skip
+    if manifest is None and visible_shards:
+        verdict.problems.append(
+            f"{directory} holds part-NNNNN.parquet shards of 'triton-embed embed' but no "
+            f"{MANIFEST}: it was deleted, or the job never started a manifest; embed it again"
+        )
     files = _shard_files(directory, manifest)
     if not files:
         verdict.problems.append(f"{directory}: no shards")
@@ -341,7 +359,9 @@ def verify(directory: str | Path, source=None) -> Verdict:
             verdict.problems.append(f"embeddings have {verdict.dim} values, the manifest {want}")
     unique = set(ids)
     if len(unique) != len(ids):
-        verdict.problems.append(f"{len(ids) - len(unique)} duplicate ids")
+        seen: set = set()
+        twice = sorted({i for i in ids if i in seen or seen.add(i)}, key=str)
+        verdict.problems.append(f"{len(ids) - len(unique)} duplicate ids, e.g. {twice[:3]}")
     if source is not None:
         _check_against_input(verdict, manifest, source, ids, unique)
     return verdict

@@ -93,12 +93,19 @@ class Source:
     def __init__(self, path: str | Path, fmt: str = "auto", text_field: str = "text",
                  id_field: str = "id"):  # fmt: skip
         self.path = Path(path)
+        if self.path.is_dir():
+            raise InputError(f"{self.path} is a folder; name one input file")
         if not self.path.is_file():
             raise InputError(f"{self.path}: no such file")
         self.format = detect_format(self.path, fmt)
         self.text_field = text_field
         self.id_field = id_field
-        self.id_type, self.has_ids = self._id_kind()
+        try:
+            self.id_type, self.has_ids = self._id_kind()
+        except (OSError, ValueError) as exc:  # pyarrow: not Parquet, unreadable
+            if isinstance(exc, InputError):
+                raise
+            raise InputError(f"{self.path}: cannot read it as {self.format} ({exc})") from None
 
     # ---- what the input is --------------------------------------------------------------
 
@@ -114,7 +121,7 @@ class Source:
             if self.text_field not in schema.names:
                 raise InputError(
                     f"{self.path}: no column {self.text_field!r} (columns: "
-                    f"{', '.join(schema.names)}); pass --text-field"
+                    f"{', '.join(schema.names)}); pass --field"
                 )
             if self.id_field not in schema.names:
                 return INT_ID, False
@@ -222,7 +229,7 @@ class Source:
             if not isinstance(record, dict) or not isinstance(record.get(self.text_field), str):
                 raise InputError(
                     f"{self.path}:{lineno}: expected an object with a string {self.text_field!r}"
-                    " (pass --text-field for another key)"
+                    " (pass --field for another key)"
                 )
             if id_type is None:
                 with_ids = self.id_field in record
@@ -271,9 +278,11 @@ class Source:
             for offset, (text, record_id) in enumerate(zip(texts, ids, strict=True)):
                 if not isinstance(text, str) or record_id is None:
                     what = "text" if not isinstance(text, str) else "id"
+                    value = text if what == "text" else record_id
+                    problem = "null" if value is None else f"a {type(value).__name__}, not a string"
                     raise InputError(
-                        f"{self.path}: row {row + skip + offset} has no {what} (null); "
-                        "every row needs both"
+                        f"{self.path}: row {row + skip + offset}: its {what} is {problem}; every "
+                        "row needs a string text and an id"
                     )
             pending_ids += ids
             pending_texts += texts

@@ -27,6 +27,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from triton_embed.cli_args import (
+    add_connection_args,
+    add_corpus_args,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from triton_embed.cli_bulk import add_bulk_args, add_verify_parser, run_verify
 from triton_embed.cli_commands import (
     nearest,
@@ -36,10 +43,14 @@ from triton_embed.cli_commands import (
     run_repository,
     summarize,
 )
-from triton_embed.client import DEFAULT_MODEL, DEFAULT_URL
+from triton_embed.cli_repository import (
+    REPOSITORY_USAGE,
+    add_repository_args,
+    repository_flag_error,
+)
+from triton_embed.client import DEFAULT_MODEL
 from triton_embed.errors import EmbedClientError
-from triton_embed.options import DEFAULT_TRUNCATION, EmbeddingType, Truncation
-from triton_embed.retry import DEFAULT_MAX_WAIT_S, DEFAULT_RETRIES
+from triton_embed.options import EmbeddingType
 
 __all__ = [
     "add_gateway_args",
@@ -57,246 +68,6 @@ __all__ = [
     "run_verify",
     "summarize",
 ]
-
-
-def _int_at_least(raw: str, minimum: int) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number") from None
-    if value < minimum:
-        raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-    return value
-
-
-def positive_int(raw: str) -> int:
-    """Argparse type: a whole number >= 1 (argparse names the flag in its error)."""
-    return _int_at_least(raw, 1)
-
-
-def non_negative_int(raw: str) -> int:
-    """Argparse type: a whole number >= 0."""
-    return _int_at_least(raw, 0)
-
-
-def positive_float(raw: str) -> float:
-    """Argparse type: a finite number > 0."""
-    try:
-        value = float(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{raw!r} is not a number") from None
-    if not (value > 0 and value != float("inf")):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {raw}")
-    return value
-
-
-def _add_retry_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--retries",
-        type=non_negative_int,
-        default=DEFAULT_RETRIES,
-        help="send a request the server refused as overloaded or unavailable again up to N "
-        "times, after random waits that double each time (default %(default)s; 0 = never)",
-    )
-    p.add_argument(
-        "--retry-max-wait-s",
-        type=positive_float,
-        default=DEFAULT_MAX_WAIT_S,
-        help="cap of one wait between retries, seconds (default %(default)s)",
-    )
-
-
-def _add_key_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--url",
-        default=DEFAULT_URL,
-        help="the server's gRPC port as host:port, without http:// (default %(default)s); "
-        "'embed' into a folder takes several, comma-separated, and balances over them",
-    )
-    p.add_argument(
-        "--admin-key-file",
-        type=Path,
-        default=None,
-        help="file holding the server's admin key (default: TRITON_EMBED_ADMIN_KEY, the file "
-        "TRITON_EMBED_ADMIN_KEY_FILE, the server's default key file)",
-    )
-
-
-def _add_connection_args(p: argparse.ArgumentParser) -> None:
-    _add_key_args(p)
-    p.add_argument("--model", default=DEFAULT_MODEL, help="ensemble name (default %(default)s)")
-    p.add_argument(
-        "--timeout-s",
-        type=positive_float,
-        default=120.0,
-        help="per-request deadline, seconds (default %(default)s)",
-    )
-    p.add_argument(
-        "--truncation",
-        type=str.upper,
-        choices=[t.value for t in Truncation],
-        default=None,
-        help="over-long texts: NONE = error, END = keep the start, START = keep the "
-        "end, CHUNK = embed them whole in windows and average (default: the server's, "
-        f"{DEFAULT_TRUNCATION.value} unless configured)",
-    )
-    p.add_argument(
-        "--allow-empty",
-        action="store_true",
-        default=None,
-        help="embed empty texts instead of rejecting them",
-    )
-    p.add_argument(
-        "--input-type",
-        default=None,
-        help="the model's prompt to put in front of each text: query, document or a prompt "
-        "name of the model (default: document for 'embed'; for 'query', query when the "
-        "model has a query prompt)",
-    )
-    p.add_argument(
-        "--dimensions",
-        type=positive_int,
-        default=None,
-        help="cut vectors to their first N values, L2-normalized again (one of the model's "
-        "Matryoshka dimensions; query with the dimensions the corpus was embedded with)",
-    )
-    _add_retry_args(p)
-
-
-REPOSITORY_USAGE = """\
-actions and their flags:
-  add     --repository DIR --model PATH --name NAME [--instances N] [--device cpu|gpu]
-          [--max-length N] [--pooling mean|cls|lasttoken] [--normalize | --no-normalize]
-          [--dimensions any|LIST] [--max-chunks N] [--served-model-name NAME] [--replace]
-          write the ensemble NAME and its steps NAME_tokenizer and NAME_embedder (the
-          ensemble embed keeps the steps tokenizer and embedder) from the model folder PATH
-  list    --repository DIR [--json]
-          the embedding models of the repository and what their folders say
-  remove  --repository DIR --name NAME [--url HOST:PORT]
-          delete the ensemble NAME and its two steps; with --url, unload it first
-  load    --name NAME [--url HOST:PORT]    (or: load NAME)
-  unload  --name NAME [--url HOST:PORT]    (or: unload NAME)
-          load (and wait until ready) or unload a model of the running server
-"""
-
-# The flags of each `repository` action: (required, optional), as argparse dests. The
-# flags share one parser (they are all listed by `triton-embed repository --help`); a flag
-# that the action does not take is an error, not ignored.
-_CONNECTION = {"url", "admin_key_file", "timeout_s"}
-REPOSITORY_FLAGS = {
-    "add": (
-        {"repository", "model", "name"},
-        {"instances", "device", "max_length", "pooling", "normalize", "dimensions"}
-        | {"max_chunks", "served_model_name", "replace"},
-    ),
-    "list": ({"repository"}, {"json"}),
-    "remove": ({"repository", "name"}, _CONNECTION),
-    "load": ({"name"}, _CONNECTION),
-    "unload": ({"name"}, _CONNECTION),
-}
-
-
-def repository_flag_error(args: argparse.Namespace) -> str | None:
-    """Why the flags of a ``repository`` command do not fit its action, or ``None``.
-
-    Also merges the positional ``NAME`` into ``args.name``.
-    """
-    action = args.action
-    if args.model_name is not None:
-        if args.name is not None and args.name != args.model_name:
-            return f"repository {action}: NAME {args.model_name!r} and --name {args.name!r} differ"
-        args.name = args.model_name
-    required, optional = REPOSITORY_FLAGS[action]
-    for dest in sorted(required):
-        if getattr(args, dest) is None:
-            return f"repository {action} needs --{dest.replace('_', '-')}"
-    every = {dest for req, opt in REPOSITORY_FLAGS.values() for dest in req | opt}
-    extra = sorted(d for d in every - required - optional if getattr(args, d) is not None)
-    if extra:
-        takes = [a for a, (req, opt) in REPOSITORY_FLAGS.items() if extra[0] in req | opt]
-        flag = "--" + extra[0].replace("_", "-")
-        return f"repository {action} takes no {flag} (a flag of: {', '.join(takes)})"
-    return None
-
-
-def _add_repository_args(r: argparse.ArgumentParser) -> None:
-    r.add_argument("action", choices=tuple(REPOSITORY_FLAGS), help="what to do")
-    r.add_argument(
-        "model_name", nargs="?", metavar="NAME", help="the model's name (the same as --name)"
-    )
-    r.add_argument("--repository", type=Path, help="the model repository folder")
-    r.add_argument("--name", help="the model's (ensemble's) name in the model repository")
-    r.add_argument(
-        "--model",
-        help="add: the model folder: a local path (written absolute) or pkg://<package>/<subdir>",
-    )
-    r.add_argument(
-        "--instances",
-        type=positive_int,
-        help="add: embedder instances (per GPU with --device gpu; default 2 on cpu, 4 on gpu)",
-    )
-    r.add_argument(
-        "--device",
-        choices=("cpu", "gpu"),
-        help="add: cpu (config.pbtxt for CPUs and configs/gpu.pbtxt) or gpu (default cpu)",
-    )
-    r.add_argument(
-        "--max-length",
-        type=non_negative_int,
-        help="add: token budget per text; 0 = the model's own limit (default 0)",
-    )
-    r.add_argument(
-        "--pooling",
-        type=str.lower,
-        choices=("mean", "cls", "lasttoken"),
-        help="add: pooling (default: what the folder's modules.json states)",
-    )
-    r.add_argument(
-        "--normalize",
-        action=argparse.BooleanOptionalAction,
-        help="add: L2-normalize the vectors or not (default: what the folder states)",
-    )
-    r.add_argument(
-        "--dimensions",
-        help="add: the dimensions a request may ask for: any, or a list such as 64,128 "
-        "(default: the Matryoshka dimensions of the folder's config.json)",
-    )
-    r.add_argument(
-        "--max-chunks",
-        type=positive_int,
-        help="add: the most windows one text is cut into with truncation=CHUNK (default 16)",
-    )
-    r.add_argument(
-        "--served-model-name",
-        help="add: another name clients may use for the model, e.g. its Hugging Face id "
-        "(default: the folder's name; sentence-transformers/all-MiniLM-L6-v2 for the shipped "
-        "model)",
-    )
-    r.add_argument(
-        "--replace",
-        action="store_true",
-        default=None,
-        help="add: overwrite a model of this name written by repository add",
-    )
-    r.add_argument(
-        "--json", action="store_true", default=None, help="list: print JSON, not a table"
-    )
-    r.add_argument(
-        "--url",
-        help="the server's gRPC port as host:port, without http:// (load, unload: default "
-        f"{DEFAULT_URL}; remove: unload the model there first)",
-    )
-    r.add_argument(
-        "--admin-key-file",
-        type=Path,
-        help="file holding the server's admin key (default: TRITON_EMBED_ADMIN_KEY, the file "
-        "TRITON_EMBED_ADMIN_KEY_FILE, the server's default key file)",
-    )
-    r.add_argument(
-        "--timeout-s",
-        type=positive_float,
-        help="deadline of a load (until ready) or unload, seconds (default 600)",
-    )
 
 
 def add_gateway_args(p: argparse.ArgumentParser) -> None:
@@ -370,27 +141,6 @@ def add_gateway_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_corpus_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--format",
-        choices=("auto", "text", "jsonl", "parquet"),
-        default="auto",
-        help="input format; auto = jsonl for .jsonl/.ndjson, parquet for .parquet/.pq, else one "
-        "text per line (parquet needs an output folder)",
-    )
-    p.add_argument(
-        "--field",
-        default="text",
-        help="JSONL key or Parquet column holding the text (default %(default)s)",
-    )
-    p.add_argument(
-        "--id-field",
-        default="id",
-        help="JSONL key or Parquet column of each record's id, used when present; else the "
-        "0-based line (row) number (default %(default)s)",
-    )
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``triton-embed``."""
     parser = argparse.ArgumentParser(
@@ -442,8 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--summary-json", type=Path, help="also write the closing summary as JSON")
     e.add_argument("--no-progress", action="store_true", help="no progress bar")
-    _add_connection_args(e)
-    _add_corpus_args(e)
+    add_connection_args(e)
+    add_corpus_args(e)
     add_bulk_args(e)
     add_verify_parser(sub)
 
@@ -464,8 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="results per query (default %(default)s)",
     )
     q.add_argument("--json", action="store_true", help="print results as JSON")
-    _add_connection_args(q)
-    _add_corpus_args(q)
+    add_connection_args(q)
+    add_corpus_args(q)
 
     d = sub.add_parser(
         "doctor", help="host topology (GPUs, NUMA nodes, cores) and a placement plan"
@@ -528,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=REPOSITORY_USAGE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _add_repository_args(r)
+    add_repository_args(r)
 
     g = sub.add_parser(
         "gateway",

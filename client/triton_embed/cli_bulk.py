@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from triton_embed.cli_args import positive_int
 from triton_embed.errors import EmbedClientError, InvalidInputError
 
 # The server's hints name request parameters; the CLI sets them with its own flags.
@@ -34,8 +35,6 @@ DEFAULT_SHARD_ROWS = 10_000
 
 def add_bulk_args(p: argparse.ArgumentParser) -> None:
     """The ``embed`` flags of the streaming output."""
-    from triton_embed.cli import positive_int  # loaded: cli calls this
-
     p.add_argument(
         "--shard-rows",
         type=positive_int,

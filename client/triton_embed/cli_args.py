@@ -1,0 +1,143 @@
+"""The flags several ``triton-embed`` commands share, and the argparse number types.
+
+Used by :mod:`triton_embed.cli` (the parser), :mod:`triton_embed.cli_repository` and
+:mod:`triton_embed.cli_bulk`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from triton_embed.client import DEFAULT_MODEL, DEFAULT_URL
+from triton_embed.options import DEFAULT_TRUNCATION, Truncation
+from triton_embed.retry import DEFAULT_MAX_WAIT_S, DEFAULT_RETRIES
+
+
+def _int_at_least(raw: str, minimum: int) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+    return value
+
+
+def positive_int(raw: str) -> int:
+    """Argparse type: a whole number >= 1 (argparse names the flag in its error)."""
+    return _int_at_least(raw, 1)
+
+
+def non_negative_int(raw: str) -> int:
+    """Argparse type: a whole number >= 0."""
+    return _int_at_least(raw, 0)
+
+
+def positive_float(raw: str) -> float:
+    """Argparse type: a finite number > 0."""
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a number") from None
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {raw}")
+    return value
+
+
+def add_retry_args(p: argparse.ArgumentParser) -> None:
+    """``--retries``, ``--retry-max-wait-s``: how a refused request is sent again."""
+    p.add_argument(
+        "--retries",
+        type=non_negative_int,
+        default=DEFAULT_RETRIES,
+        help="send a request the server refused as overloaded or unavailable again up to N "
+        "times, after random waits that double each time (default %(default)s; 0 = never)",
+    )
+    p.add_argument(
+        "--retry-max-wait-s",
+        type=positive_float,
+        default=DEFAULT_MAX_WAIT_S,
+        help="cap of one wait between retries, seconds (default %(default)s)",
+    )
+
+
+def add_key_args(p: argparse.ArgumentParser) -> None:
+    """``--url`` and ``--admin-key-file``."""
+    p.add_argument(
+        "--url",
+        default=DEFAULT_URL,
+        help="the server's gRPC port as host:port, without http:// (default %(default)s); "
+        "'embed' into a folder takes several, comma-separated, and balances over them",
+    )
+    p.add_argument(
+        "--admin-key-file",
+        type=Path,
+        default=None,
+        help="file holding the server's admin key (default: TRITON_EMBED_ADMIN_KEY, the file "
+        "TRITON_EMBED_ADMIN_KEY_FILE, the server's default key file)",
+    )
+
+
+def add_connection_args(p: argparse.ArgumentParser) -> None:
+    """The server, model, deadline, request options and retries of a command that embeds."""
+    add_key_args(p)
+    p.add_argument("--model", default=DEFAULT_MODEL, help="ensemble name (default %(default)s)")
+    p.add_argument(
+        "--timeout-s",
+        type=positive_float,
+        default=120.0,
+        help="per-request deadline, seconds (default %(default)s)",
+    )
+    p.add_argument(
+        "--truncation",
+        type=str.upper,
+        choices=[t.value for t in Truncation],
+        default=None,
+        help="over-long texts: NONE = error, END = keep the start, START = keep the "
+        "end, CHUNK = embed them whole in windows and average (default: the server's, "
+        f"{DEFAULT_TRUNCATION.value} unless configured)",
+    )
+    p.add_argument(
+        "--allow-empty",
+        action="store_true",
+        default=None,
+        help="embed empty texts instead of rejecting them",
+    )
+    p.add_argument(
+        "--input-type",
+        default=None,
+        help="the model's prompt to put in front of each text: query, document or a prompt "
+        "name of the model (default: document for 'embed'; for 'query', query when the "
+        "model has a query prompt)",
+    )
+    p.add_argument(
+        "--dimensions",
+        type=positive_int,
+        default=None,
+        help="cut vectors to their first N values, L2-normalized again (one of the model's "
+        "Matryoshka dimensions; query with the dimensions the corpus was embedded with)",
+    )
+    add_retry_args(p)
+
+
+def add_corpus_args(p: argparse.ArgumentParser) -> None:
+    """``--format``, ``--field``, ``--id-field``: how an input file is read."""
+    p.add_argument(
+        "--format",
+        choices=("auto", "text", "jsonl", "parquet"),
+        default="auto",
+        help="input format; auto = jsonl for .jsonl/.ndjson, parquet for .parquet/.pq, else one "
+        "text per line (parquet needs an output folder)",
+    )
+    p.add_argument(
+        "--field",
+        default="text",
+        help="JSONL key or Parquet column holding the text (default %(default)s)",
+    )
+    p.add_argument(
+        "--id-field",
+        default="id",
+        help="JSONL key or Parquet column of each record's id, used when present; else the "
+        "0-based line (row) number (default %(default)s)",
+    )

@@ -1,0 +1,149 @@
+"""The flags of ``triton-embed repository add|list|remove|load|unload`` and their check.
+
+One parser takes every action's flags (all listed by ``triton-embed repository --help``);
+:func:`repository_flag_error` then refuses a flag the action does not take.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from triton_embed.cli_args import non_negative_int, positive_float, positive_int
+from triton_embed.client import DEFAULT_URL
+
+REPOSITORY_USAGE = """\
+actions and their flags:
+  add     --repository DIR --model PATH --name NAME [--instances N] [--device cpu|gpu]
+          [--max-length N] [--pooling mean|cls|lasttoken] [--normalize | --no-normalize]
+          [--dimensions any|LIST] [--max-chunks N] [--served-model-name NAME] [--replace]
+          write the ensemble NAME and its steps NAME_tokenizer and NAME_embedder (the
+          ensemble embed keeps the steps tokenizer and embedder) from the model folder PATH
+  list    --repository DIR [--json]
+          the embedding models of the repository and what their folders say
+  remove  --repository DIR --name NAME [--url HOST:PORT]
+          delete the ensemble NAME and its two steps; with --url, unload it first
+  load    --name NAME [--url HOST:PORT]    (or: load NAME)
+  unload  --name NAME [--url HOST:PORT]    (or: unload NAME)
+          load (and wait until ready) or unload a model of the running server
+"""
+
+# The flags of each `repository` action: (required, optional), as argparse dests. The
+# flags share one parser (they are all listed by `triton-embed repository --help`); a flag
+# that the action does not take is an error, not ignored.
+_CONNECTION = {"url", "admin_key_file", "timeout_s"}
+REPOSITORY_FLAGS = {
+    "add": (
+        {"repository", "model", "name"},
+        {"instances", "device", "max_length", "pooling", "normalize", "dimensions"}
+        | {"max_chunks", "served_model_name", "replace"},
+    ),
+    "list": ({"repository"}, {"json"}),
+    "remove": ({"repository", "name"}, _CONNECTION),
+    "load": ({"name"}, _CONNECTION),
+    "unload": ({"name"}, _CONNECTION),
+}
+
+
+def repository_flag_error(args: argparse.Namespace) -> str | None:
+    """Why the flags of a ``repository`` command do not fit its action, or ``None``.
+
+    Also merges the positional ``NAME`` into ``args.name``.
+    """
+    action = args.action
+    if args.model_name is not None:
+        if args.name is not None and args.name != args.model_name:
+            return f"repository {action}: NAME {args.model_name!r} and --name {args.name!r} differ"
+        args.name = args.model_name
+    required, optional = REPOSITORY_FLAGS[action]
+    for dest in sorted(required):
+        if getattr(args, dest) is None:
+            return f"repository {action} needs --{dest.replace('_', '-')}"
+    every = {dest for req, opt in REPOSITORY_FLAGS.values() for dest in req | opt}
+    extra = sorted(d for d in every - required - optional if getattr(args, d) is not None)
+    if extra:
+        takes = [a for a, (req, opt) in REPOSITORY_FLAGS.items() if extra[0] in req | opt]
+        flag = "--" + extra[0].replace("_", "-")
+        return f"repository {action} takes no {flag} (a flag of: {', '.join(takes)})"
+    return None
+
+
+def add_repository_args(r: argparse.ArgumentParser) -> None:
+    """Every flag of every ``repository`` action (one parser; see :data:`REPOSITORY_FLAGS`)."""
+    r.add_argument("action", choices=tuple(REPOSITORY_FLAGS), help="what to do")
+    r.add_argument(
+        "model_name", nargs="?", metavar="NAME", help="the model's name (the same as --name)"
+    )
+    r.add_argument("--repository", type=Path, help="the model repository folder")
+    r.add_argument("--name", help="the model's (ensemble's) name in the model repository")
+    r.add_argument(
+        "--model",
+        help="add: the model folder: a local path (written absolute) or pkg://<package>/<subdir>",
+    )
+    r.add_argument(
+        "--instances",
+        type=positive_int,
+        help="add: embedder instances (per GPU with --device gpu; default 2 on cpu, 4 on gpu)",
+    )
+    r.add_argument(
+        "--device",
+        choices=("cpu", "gpu"),
+        help="add: cpu (config.pbtxt for CPUs and configs/gpu.pbtxt) or gpu (default cpu)",
+    )
+    r.add_argument(
+        "--max-length",
+        type=non_negative_int,
+        help="add: token budget per text; 0 = the model's own limit (default 0)",
+    )
+    r.add_argument(
+        "--pooling",
+        type=str.lower,
+        choices=("mean", "cls", "lasttoken"),
+        help="add: pooling (default: what the folder's modules.json states)",
+    )
+    r.add_argument(
+        "--normalize",
+        action=argparse.BooleanOptionalAction,
+        help="add: L2-normalize the vectors or not (default: what the folder states)",
+    )
+    r.add_argument(
+        "--dimensions",
+        help="add: the dimensions a request may ask for: any, or a list such as 64,128 "
+        "(default: the Matryoshka dimensions of the folder's config.json)",
+    )
+    r.add_argument(
+        "--max-chunks",
+        type=positive_int,
+        help="add: the most windows one text is cut into with truncation=CHUNK (default 16)",
+    )
+    r.add_argument(
+        "--served-model-name",
+        help="add: another name clients may use for the model, e.g. its Hugging Face id "
+        "(default: the folder's name; sentence-transformers/all-MiniLM-L6-v2 for the shipped "
+        "model)",
+    )
+    r.add_argument(
+        "--replace",
+        action="store_true",
+        default=None,
+        help="add: overwrite a model of this name written by repository add",
+    )
+    r.add_argument(
+        "--json", action="store_true", default=None, help="list: print JSON, not a table"
+    )
+    r.add_argument(
+        "--url",
+        help="the server's gRPC port as host:port, without http:// (load, unload: default "
+        f"{DEFAULT_URL}; remove: unload the model there first)",
+    )
+    r.add_argument(
+        "--admin-key-file",
+        type=Path,
+        help="file holding the server's admin key (default: TRITON_EMBED_ADMIN_KEY, the file "
+        "TRITON_EMBED_ADMIN_KEY_FILE, the server's default key file)",
+    )
+    r.add_argument(
+        "--timeout-s",
+        type=positive_float,
+        help="deadline of a load (until ready) or unload, seconds (default 600)",
+    )

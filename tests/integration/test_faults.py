@@ -216,14 +216,14 @@ def test_a_killed_embedder_stub_is_replaced(fault_server):
 def test_sigterm_drains_in_flight_requests_and_leaves_no_stubs():
     """On a fresh server: (after a stub death, Triton 2.51 cannot unload the old model
     version and shutdown ends at its exit timeout with code 1; README, faults)."""
-    # 6 x 64 long texts take 10-25 s to finish on 2 loaded cores; the drain, not Triton's
+    # 10 x 64 texts of ~230 tokens take 15-60 s to finish on 2 cores; the drain, not Triton's
     # default 30 s exit timer, is what is tested
     fault_server = TritonServer(
         ready_timeout_s=400, extra_args=["--exit-timeout-secs", "120"]
     ).start()
     stub_procs = list(stubs(fault_server).values())
     assert stub_procs
-    texts = ["a moderately long sentence for the drain test " * 20] * 64
+    texts = ["a moderately long sentence for the drain test " * 26] * 64
 
     def one(_):
         client = grpcclient.InferenceServerClient(fault_server.grpc_url)
@@ -239,19 +239,23 @@ def test_sigterm_drains_in_flight_requests_and_leaves_no_stubs():
 
     try:
         before = tokenized()
-        with ThreadPoolExecutor(max_workers=6) as pool:
-            futures = [pool.submit(one, i) for i in range(6)]
-            # SIGTERM once every request has passed the tokenizer step: all six are then in
+        with ThreadPoolExecutor(max_workers=10) as pool:
+            futures = [pool.submit(one, i) for i in range(10)]
+            # SIGTERM once every request has passed the tokenizer step: all ten are then in
             # the embedder's queue or engine (a request still entering the ensemble when the
             # server stops accepting work is refused, which is not what this test is about).
             deadline = time.monotonic() + 120
-            while tokenized() - before < 6 and time.monotonic() < deadline:
+            while tokenized() - before < 10 and time.monotonic() < deadline:
                 time.sleep(0.05)
-            assert tokenized() - before == 6
-            assert not any(f.done() for f in futures), "requests finished before the SIGTERM"
+            assert tokenized() - before == 10
+            # the counter reaches Triton up to REPORT_INTERVAL_S late, so on a quiet machine the
+            # first request may be answered by now; the drain is tested on the ones that are not
+            in_flight = [f for f in futures if not f.done()]
+            print(f"{len(in_flight)} of 10 in flight at the SIGTERM")
             fault_server.process.send_signal(signal.SIGTERM)
+            assert len(in_flight) >= 5, f"{10 - len(in_flight)} of 10 answered before the SIGTERM"
             shapes = [f.result(timeout=180) for f in futures]
-        assert shapes == [(64, 1)] * 6
+        assert shapes == [(64, 1)] * 10
         assert fault_server.process.wait(timeout=120) == 0
         assert "Segfault" not in fault_server.log_tail(500_000)
     finally:

@@ -117,6 +117,14 @@ def add_gateway_args(p: argparse.ArgumentParser) -> None:
         help="requests handled at once; more are answered 429 (default %(default)s)",
     )
     p.add_argument(
+        "--merge-in-flight",
+        type=non_negative_int,
+        default=4,
+        help="upstream calls per model and request options before further small text "
+        "requests wait and are merged into one call; an idle gateway sends at once (default "
+        "%(default)s; 0: no merging)",
+    )
+    p.add_argument(
         "--default-model",
         default=DEFAULT_MODEL,
         help="the model of the TEI routes /embed, /tokenize, /info (default %(default)s)",

@@ -9,6 +9,7 @@ request. TEI's routes answer in TEI's shapes.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import re
 
@@ -202,6 +203,52 @@ def test_an_over_long_text_without_truncation_is_400_naming_its_index(openai_cli
         )
     message = info.value.body["message"]
     assert "text 70 has 602 tokens; the model accepts 256" in message
+
+
+def merged_requests(gateway) -> tuple[float, float]:
+    """(calls, requests they carried) of ``triton_embed_gateway_merged_requests``."""
+    text = httpx.get(f"{gateway.base_url}/metrics").text
+    values = dict(
+        re.findall(r"^triton_embed_gateway_merged_requests_(count|sum) (\S+)$", text, re.M)
+    )
+    return float(values.get("count", 0)), float(values.get("sum", 0))
+
+
+def test_concurrent_small_requests_are_merged_and_each_gets_its_own_answer(gateway, grpc):
+    # 24 single-text requests at once (--merge-in-flight 4 by default): most wait and share
+    # calls. One is over the token budget with truncation NONE: only it is refused, naming
+    # text 0 (its own index, not its place in the merged call).
+    good = texts(23, start=11000)
+    bad_at = 11
+    inputs = [*good[:bad_at], "word " * 600, *good[bad_at:]]
+    expected = {t: grpc.embed_with_details([t], truncation="NONE") for t in good}
+    options = {"model": "embed", "truncation": "NONE", "encoding_format": "base64"}
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=gateway.base_url, headers=auth(), timeout=60) as c:
+            return await asyncio.gather(
+                *(c.post("/v1/embeddings", json={**options, "input": text}) for text in inputs)
+            )
+
+    for _ in range(3):  # a burst that happens to arrive slower than calls finish: once more
+        calls_before, requests_before = merged_requests(gateway)
+        responses = asyncio.run(burst())
+        for text, r in zip(inputs, responses, strict=True):
+            if text not in expected:
+                assert r.status_code == 400, r.text
+                message = r.json()["error"]["message"]
+                assert "text 0 has 602 tokens; the model accepts 256" in message
+                continue
+            assert r.status_code == 200, r.text
+            (item,) = r.json()["data"]
+            got = np.frombuffer(base64.b64decode(item["embedding"]), dtype="<f4")
+            assert np.allclose(got, expected[text].embeddings[0], atol=1e-6)
+            assert r.json()["usage"]["prompt_tokens"] == int(expected[text].num_tokens[0])
+        calls, requests = merged_requests(gateway)
+        if requests - requests_before > calls - calls_before:
+            break  # some call carried more than one request
+    else:
+        pytest.fail(f"no call carried more than one request: {calls} calls, {requests} requests")
 
 
 # ---- TEI routes ---------------------------------------------------------------------------

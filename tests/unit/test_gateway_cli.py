@@ -13,16 +13,27 @@ from triton_embed_server.gateway.settings import GatewaySettings
 def test_the_cli_subcommand_takes_the_gateway_flags():
     args = build_parser().parse_args(
         ["gateway", "--upstream", "10.0.0.1:8001,10.0.0.2:8001", "--upstream", "[::1]:9001",
-         "--port", "9080", "--max-body-mb", "4", "--max-in-flight", "64", "--workers", "2"]
+         "--port", "9080", "--max-body-mb", "4", "--max-in-flight", "64", "--workers", "2",
+         "--merge-in-flight", "0"]
     )  # fmt: skip
     settings = GatewaySettings.from_args(args)
     assert settings.upstreams == ("10.0.0.1:8001,10.0.0.2:8001", "[::1]:9001")
     assert [str(t) for t in settings.targets] == ["10.0.0.1:8001", "10.0.0.2:8001", "[::1]:9001"]
     assert (settings.host, settings.port) == ("127.0.0.1", 9080)
     assert settings.max_body_bytes == 4 * 2**20
-    assert (settings.max_in_flight, settings.workers) == (64, 2)
+    assert (settings.max_in_flight, settings.workers, settings.merge_in_flight) == (64, 2, 0)
     assert (settings.default_model, settings.timeout_s) == ("embed", 60.0)
     assert GatewaySettings.from_json(settings.to_json()) == settings
+
+
+def test_merging_is_on_by_default_and_a_negative_merge_in_flight_is_refused(capsys):
+    args = build_parser().parse_args(["gateway", "--upstream", "127.0.0.1:8001"])
+    assert GatewaySettings.from_args(args).merge_in_flight == 4
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["gateway", "--upstream", "h:1", "--merge-in-flight", "-1"])
+    assert "--merge-in-flight" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="merge_in_flight must be >= 0"):
+        GatewaySettings(upstreams=("127.0.0.1:8001",), merge_in_flight=-1)
 
 
 def test_the_module_command_has_the_same_flags():

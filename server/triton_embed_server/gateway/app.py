@@ -52,6 +52,7 @@ from triton_embed_server.gateway.errors import (
     Unavailable,
 )
 from triton_embed_server.gateway.inference import Pool
+from triton_embed_server.gateway.merging import Merger
 from triton_embed_server.gateway.metrics import GatewayMetrics
 from triton_embed_server.gateway.settings import GatewaySettings
 from triton_embed_server.gateway.upstreams import UpstreamPool
@@ -74,7 +75,7 @@ class RequestState:
 
 
 class Gateway:
-    """One gateway's state: its upstreams, limits, key check and metrics.
+    """One gateway's state: its upstreams, request merging, limits, key check and metrics.
 
     Args:
         settings: the parsed settings.
@@ -93,6 +94,7 @@ class Gateway:
         self.settings = settings
         self.pool = pool
         self.metrics = metrics
+        self.merger = Merger(pool, settings.merge_in_flight, metrics)
         self.auth = ApiKeyCheck(api_key)
         self.max_body_bytes = settings.max_body_bytes
         self.max_in_flight = settings.max_in_flight

@@ -11,6 +11,10 @@ naming a text by its index in the request's inputs.
 * :func:`embed_token_ids`: the ensemble's embedder step, ``TOKEN_IDS`` -> ``EMBEDDING``
   (``NUM_TOKENS`` is then the number of IDs of each input);
 * :func:`tokenize`: the ensemble's tokenizer step, ``TEXT`` -> ``TOKEN_IDS``.
+
+The HTTP routes call :func:`embed_texts` through
+:class:`~triton_embed_server.gateway.merging.Merger`, which merges small concurrent requests
+into one call.
 """
 
 from __future__ import annotations

@@ -13,7 +13,10 @@ Families (docs/operations.md, "Metric catalogue"):
 * ``triton_embed_gateway_upstream_up{upstream}``: 1 while an upstream (``ip:port``) is
   ready and used, 0 while it is taken out;
 * ``triton_embed_gateway_upstream_retries_total``: upstream calls sent again to another
-  upstream after the first one failed (unreachable, or its queue full).
+  upstream after the first one failed (unreachable, or its queue full);
+* ``triton_embed_gateway_merged_requests``: histogram of requests per upstream call of
+  request merging (``--merge-in-flight``; 1: a request sent alone,
+  :mod:`~triton_embed_server.gateway.merging`).
 
 With ``--workers N`` each worker process has its own registry: a scrape sees one worker.
 """
@@ -40,6 +43,8 @@ HISTOGRAM = "histogram"
 DURATION_BUCKETS_S = (
     0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )  # fmt: skip
+#: Requests per merged call: up to the ensemble's max_batch_size (64) single-text requests.
+MERGED_REQUESTS_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 _KINDS = {COUNTER: Counter, GAUGE: Gauge, HISTOGRAM: Histogram}
 
 
@@ -109,6 +114,13 @@ class GatewayMetrics:
             "Upstream calls sent again to another upstream after the first one failed.",
             kind="counter",
             registry=r,
+        )
+        self.merged_requests = metric(
+            "triton_embed_gateway_merged_requests",
+            "Requests per upstream call of the ensemble made by request merging (1: alone).",
+            kind="histogram",
+            registry=r,
+            buckets=MERGED_REQUESTS_BUCKETS,
         )
 
     def observe(self, route: str, model: str, status: int, seconds: float) -> None:

@@ -178,9 +178,7 @@ async def embeddings(gateway: Gateway, request: Request, state: RequestState) ->
     model = gateway.model(parsed.model)
     state.model = model.name
     if parsed.inputs.texts is not None:
-        result = await inference.embed_texts(
-            gateway.pool, model, parsed.inputs.texts, parsed.parameters
-        )
+        result = await gateway.merger.embed_texts(model, parsed.inputs.texts, parsed.parameters)
     else:
         result = await inference.embed_token_ids(
             gateway.pool, model, parsed.inputs.token_ids or [], parsed.parameters

@@ -35,6 +35,9 @@ class GatewaySettings:
             :func:`triton_embed.admin.read_admin_key` looks).
         max_body_mb: the largest request body, MiB.
         max_in_flight: requests handled at once; more are answered 429.
+        merge_in_flight: upstream calls per model and request parameters before further
+            small text requests wait and are merged into one call (0: no merging;
+            :mod:`~triton_embed_server.gateway.merging`).
         default_model: the model of the TEI routes.
         timeout_s: deadline of one upstream call, seconds.
         workers: uvicorn worker processes.
@@ -48,6 +51,7 @@ class GatewaySettings:
     admin_key_file: str | None = None
     max_body_mb: float = 16.0
     max_in_flight: int = 512
+    merge_in_flight: int = 4
     default_model: str = "embed"
     timeout_s: float = 60.0
     workers: int = 1
@@ -57,6 +61,10 @@ class GatewaySettings:
         parse_upstreams(self.upstreams)  # raises ValueError naming a bad entry
         if not self.max_body_mb > 0 or not self.max_in_flight >= 1 or not self.timeout_s > 0:
             raise ValueError("max_body_mb, max_in_flight and timeout_s must be > 0")
+        if self.merge_in_flight < 0:
+            raise ValueError(
+                f"merge_in_flight must be >= 0 (0: no merging), got {self.merge_in_flight}"
+            )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> GatewaySettings:
@@ -69,6 +77,7 @@ class GatewaySettings:
             admin_key_file=None if args.admin_key_file is None else str(args.admin_key_file),
             max_body_mb=args.max_body_mb,
             max_in_flight=args.max_in_flight,
+            merge_in_flight=args.merge_in_flight,
             default_model=args.default_model,
             timeout_s=args.timeout_s,
             workers=args.workers,

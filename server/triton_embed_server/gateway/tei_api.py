@@ -142,7 +142,7 @@ async def embed(gateway: Gateway, request: Request, state: RequestState) -> Resp
     state.model = model.name
     inputs, parameters, normalize = parse_embed_request(body, model)
     if inputs.texts is not None:
-        result = await inference.embed_texts(gateway.pool, model, inputs.texts, parameters)
+        result = await gateway.merger.embed_texts(model, inputs.texts, parameters)
     else:
         result = await inference.embed_token_ids(
             gateway.pool, model, inputs.token_ids or [], parameters

@@ -19,7 +19,7 @@ import time
 from triton_embed_server.launcher import REPO_ROOT
 
 
-def engine_ceiling(length: int, seconds: float, replicas: int) -> dict:
+def engine_ceiling(length: int, seconds: float, replicas: int, options: dict | None = None) -> dict:
     """Texts/s of in-process vLLM engines on token IDs, no server: the machine's ceiling.
 
     Args:
@@ -28,6 +28,8 @@ def engine_ceiling(length: int, seconds: float, replicas: int) -> dict:
         replicas: ``1``: one engine with every CPU (``OMP_NUM_THREADS`` = CPUs); ``k``:
             ``k`` engines side by side, each pinned to its own CPU slice, summed (the layout
             of our ``embedder`` instances).
+        options: further ``vllm.LLM`` arguments, overriding the defaults of :func:`replica`
+            (e.g. ``{"enforce_eager": False}``; ``perf/engine_options.py``).
 
     Returns:
         A contender result: summed ``texts_s``, no latencies, ``tokens_per_text`` of the
@@ -59,6 +61,8 @@ def engine_ceiling(length: int, seconds: float, replicas: int) -> dict:
             str(length),
             "--seconds",
             str(seconds),
+            "--options",
+            json.dumps(options or {}),
         ]
         procs.append(
             subprocess.Popen(
@@ -102,7 +106,7 @@ def engine_ceiling(length: int, seconds: float, replicas: int) -> dict:
     }
 
 
-def replica(cpus: set[int], length: int, seconds: float) -> None:
+def replica(cpus: set[int], length: int, seconds: float, options: dict | None = None) -> None:
     """One engine replica (the child process); see the module docstring for its protocol."""
     os.sched_setaffinity(0, cpus)  # before torch starts its threads
     from transformers import AutoTokenizer
@@ -116,14 +120,15 @@ def replica(cpus: set[int], length: int, seconds: float) -> None:
     # whole passes over the corpus, so mixed lengths are embedded in their true proportions
     prompts = [TokensPrompt(prompt_token_ids=x) for x in ids] * max(1, 256 // len(ids))
     tokens_per_text = sum(map(len, ids)) / len(ids)
-    llm = LLM(
-        model=str(MODEL),
-        runner="pooling",
-        dtype="float32",
-        enforce_eager=True,
-        gpu_memory_utilization=0.1,
-        max_model_len=MAX_TOKENS,
-    )
+    kwargs = {
+        "model": str(MODEL),
+        "runner": "pooling",
+        "dtype": "float32",
+        "enforce_eager": True,
+        "gpu_memory_utilization": 0.1,
+        "max_model_len": MAX_TOKENS,
+    }
+    llm = LLM(**{**kwargs, **(options or {})})
     llm.embed(prompts[:16], use_tqdm=False)
     print("READY", flush=True)
     sys.stdin.readline()  # start together with the other replicas
@@ -141,8 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpus", required=True, help="comma-separated CPUs to pin to")
     parser.add_argument("--length", type=int, required=True, help="length key of the corpus")
     parser.add_argument("--seconds", type=float, required=True, help="measurement time")
+    parser.add_argument("--options", type=json.loads, default={}, help="vllm.LLM arguments, JSON")
     args = parser.parse_args(argv)
-    replica({int(c) for c in args.cpus.split(",")}, args.length, args.seconds)
+    replica({int(c) for c in args.cpus.split(",")}, args.length, args.seconds, args.options)
     return 0
 
 

@@ -19,6 +19,7 @@ Texts are real (Debian fortunes) cut to an exact token count with the model's to
     .venv/bin/python -m perf.bench --mode quick          # minutes: every contender runs once
     .venv/bin/python -m perf.bench --mode full           # the sweep behind perf/README.md
     .venv/bin/python -m perf.bench --mode gateway        # gateway vs vLLM vs gRPC in turn, 3x
+    .venv/bin/python -m perf.bench --mode alternatives   # vs sentence-transformers, Infinity, vLLM
     .venv/bin/python -m perf.bench --compare perf/reference_cpu2.json  # >10% drop = exit 1
     .venv/bin/python -m perf.bench --ablation instances   # embedder instance count 1/2/4
     .venv/bin/python -m perf.bench --ablation incremental # the design, one optimization at a time
@@ -49,6 +50,7 @@ from pathlib import Path
 
 from triton_embed_server.launcher import REPO_ROOT, TritonServer
 
+from perf.alternatives import run_alternatives, summarize_alternatives
 from perf.config_ablations import ABLATIONS, config_ablation
 from perf.contenders.engine import engine_ceiling
 from perf.contenders.gateway import GatewayServer, gateway_load
@@ -91,6 +93,9 @@ MODES = {
         "duration_s": 10,
         "rounds": 3,
     },
+    # Ours against sentence-transformers, Infinity and vLLM's server, alternated in rounds
+    # (issue 16): perf/alternatives.py holds its plan.
+    "alternatives": {"lengths": [50, 256, 0], "rounds": 2},
 }
 
 
@@ -303,6 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(the design one optimization at a time), batching (embedder delay)",
     )
     parser.add_argument(
+        "--rounds", type=int, help="--mode alternatives: how many rounds (default 2)"
+    )
+    parser.add_argument(
         "--lengths",
         type=parse_lengths,
         help="only these lengths of the mode's sweep, e.g. 50,mixed",
@@ -319,7 +327,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if any(r["errors"] for r in rows) else 0
     # SIGTERM unwinds like Ctrl-C, so the servers this run started are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    if MODES[args.mode].get("rounds"):
+    if args.mode == "alternatives":
+        rows = run_alternatives(args.out, args.lengths, args.rounds or MODES[args.mode]["rounds"])
+        print()
+        print(summarize_alternatives(rows, args.out))
+    elif MODES[args.mode].get("rounds"):
         rows = run_rounds(args.mode, args.out, args.lengths)
         print()
         print(summarize_rounds(rows, args.out))

@@ -76,9 +76,13 @@ class GatewayServer:
     after 30 s).
     """
 
-    def __init__(self, server: TritonServer, workers: int = 1):
+    def __init__(self, server: TritonServer, workers: int = 1, extra_args: list[str] = ()):
         self.launcher = Gateway(
-            [server.grpc_url], server.admin_key, workers=workers, ready_timeout_s=READY_TIMEOUT_S
+            [server.grpc_url],
+            server.admin_key,
+            workers=workers,
+            ready_timeout_s=READY_TIMEOUT_S,
+            extra_args=list(extra_args),
         )
 
     @property

@@ -244,6 +244,7 @@ class Gateway:
         ready_timeout_s: how long :meth:`start` waits.
         port: the gateway's port on 127.0.0.1 (a free one unless given).
         log_path: its stdout and stderr (a temporary file unless given).
+        extra_args: further command-line flags (e.g. ``["--merge-in-flight", "0"]``).
         process: the gateway process, once started.
     """
 
@@ -255,6 +256,7 @@ class Gateway:
     ready_timeout_s: float = 60.0
     port: int = field(default_factory=free_port)
     log_path: Path | None = None
+    extra_args: list[str] = field(default_factory=list)
     process: subprocess.Popen | None = None
 
     @property
@@ -272,7 +274,7 @@ class Gateway:
         return [
             sys.executable, "-m", "triton_embed_server.gateway",
             "--upstream", ",".join(self.upstreams), "--host", "127.0.0.1",
-            "--port", str(self.port), "--workers", str(self.workers),
+            "--port", str(self.port), "--workers", str(self.workers), *self.extra_args,
         ]  # fmt: skip
 
     def start(self) -> Gateway:

@@ -119,10 +119,10 @@ def add_gateway_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--merge-in-flight",
         type=non_negative_int,
-        default=4,
+        default=0,
         help="upstream calls per model and request options before further small text "
         "requests wait and are merged into one call; an idle gateway sends at once (default "
-        "%(default)s; 0: no merging)",
+        "%(default)s: no merging, which measured as fast on 2 cores; perf/README.md)",
     )
     p.add_argument(
         "--default-model",

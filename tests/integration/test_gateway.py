@@ -214,10 +214,19 @@ def merged_requests(gateway) -> tuple[float, float]:
     return float(values.get("count", 0)), float(values.get("sum", 0))
 
 
-def test_concurrent_small_requests_are_merged_and_each_gets_its_own_answer(gateway, grpc):
-    # 24 single-text requests at once (--merge-in-flight 4 by default): most wait and share
-    # calls. One is over the token budget with truncation NONE: only it is refused, naming
-    # text 0 (its own index, not its place in the merged call).
+@pytest.fixture(scope="module")
+def merging_gateway(server):
+    """A second gateway with request merging on (``--merge-in-flight 4``; off by default)."""
+    extra = ["--merge-in-flight", "4"]
+    with Gateway([server.grpc_url], server.admin_key, api_key=API_KEY, extra_args=extra) as gw:
+        yield gw
+
+
+def test_concurrent_small_requests_are_merged_and_each_gets_its_own_answer(merging_gateway, grpc):
+    # 24 single-text requests at once (--merge-in-flight 4): most wait and share calls. One
+    # is over the token budget with truncation NONE: only it is refused, naming text 0 (its
+    # own index, not its place in the merged call).
+    gateway = merging_gateway
     good = texts(23, start=11000)
     bad_at = 11
     inputs = [*good[:bad_at], "word " * 600, *good[bad_at:]]

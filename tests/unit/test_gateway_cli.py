@@ -26,9 +26,10 @@ def test_the_cli_subcommand_takes_the_gateway_flags():
     assert GatewaySettings.from_json(settings.to_json()) == settings
 
 
-def test_merging_is_on_by_default_and_a_negative_merge_in_flight_is_refused(capsys):
+def test_merging_is_off_by_default_and_a_negative_merge_in_flight_is_refused(capsys):
     args = build_parser().parse_args(["gateway", "--upstream", "127.0.0.1:8001"])
-    assert GatewaySettings.from_args(args).merge_in_flight == 4
+    assert GatewaySettings.from_args(args).merge_in_flight == 0
+    assert GatewaySettings(upstreams=("127.0.0.1:8001",)).merge_in_flight == 0
     with pytest.raises(SystemExit):
         build_parser().parse_args(["gateway", "--upstream", "h:1", "--merge-in-flight", "-1"])
     assert "--merge-in-flight" in capsys.readouterr().err

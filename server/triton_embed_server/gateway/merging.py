@@ -3,7 +3,10 @@
 Why: each upstream call pays the ensemble's fixed cost (two ensemble steps, one gRPC round
 trip) whatever its size. At 1 text per HTTP request the gateway reached ~12,300 tokens/s,
 at 16 texts per request ~15,000 (issue 16): small requests spend a fifth of the time on
-per-call overhead that a larger call shares.
+per-call overhead that a larger call shares. Measured side by side on 2 cores with the
+gateway next to the server, merging did not pay (0.92-1.00x at 1 text per request, 64 in
+flight; perf/README.md, "Alternatives"): Triton's dynamic batcher already batches the
+embedder step. So it is off by default (``--merge-in-flight 0``).
 
 How (:class:`Merger`), per merge key (:func:`merge_key`: the ensemble and the request
 parameters, which must be equal to share a call):

@@ -51,7 +51,7 @@ class GatewaySettings:
     admin_key_file: str | None = None
     max_body_mb: float = 16.0
     max_in_flight: int = 512
-    merge_in_flight: int = 4
+    merge_in_flight: int = 0
     default_model: str = "embed"
     timeout_s: float = 60.0
     workers: int = 1

@@ -1,7 +1,8 @@
 """``--mode alternatives``: ours against what users would pick instead, alternated in rounds.
 
 Every server is up for the whole run: our ``embed`` ensemble on one tritonserver, our gateway
-in front of it (merging small requests, as shipped) and a second one with merging off, vLLM's
+in front of it (as shipped: no request merging) and a second one with ``--merge-in-flight 4``
+(``gateway_merge_base64``), vLLM's
 OpenAI server, and Infinity with its torch and its optimum/ONNX engines (when
 ``perf/setup_infinity.sh`` has run). In each round, for each length (50 and 256 tokens, the
 mixed corpus), every contender of :data:`PLAN` runs at its points, one after the other; the
@@ -47,7 +48,7 @@ PLAN: dict[str, tuple[tuple[int, int], ...]] = {
     "engine": ((0, 2),),
     "infinity_onnx": ((1, 1), (1, 32), (1, 64), (16, 8)),
     "vllm_base64": ((1, 1), (1, 64), (16, 8)),
-    "gateway_nomerge_base64": ((1, 64),),
+    "gateway_merge_base64": ((1, 64),),
 }
 #: Issue 16's throughput targets: (ours, theirs, length or None for every length) -> ratio.
 TARGETS = (
@@ -92,7 +93,7 @@ def run_alternatives(
     with (
         TritonServer() as server,
         GatewayServer(server) as gateway,
-        GatewayServer(server, extra_args=["--merge-in-flight", "0"]) as nomerge,
+        GatewayServer(server, extra_args=["--merge-in-flight", "4"]) as merging,
         VllmServer() as vllm,
     ):
         infinities = {}
@@ -117,7 +118,7 @@ def run_alternatives(
                     return infinity_load(url, sent, b, c, seconds, "base64", counts.get(n))
                 if contender == "vllm_base64":
                     return vllm_load(vllm_url, sent, b, c, seconds, "base64", counts.get(n))
-                url = nomerge.url if "nomerge" in contender else gateway.url
+                url = merging.url if "merge" in contender else gateway.url
                 return gateway_load(url, sent, b, c, seconds, "base64", counts.get(n))
 
             for k in range(1, rounds + 1):
@@ -241,4 +242,39 @@ def summarize_alternatives(rows: list[dict], out_dir: Path) -> str:
     text = "\n".join(lines) + "\n"
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "alternatives.md").write_text(text)
+    try:
+        plot_alternatives(rows, out_dir / "alternatives.png")
+    except Exception as exc:  # noqa: BLE001 - the plot is a convenience
+        print(f"plotting failed: {exc}")
     return text
+
+
+def plot_alternatives(rows: list[dict], path: Path) -> None:
+    """Bars: each contender's median tokens/s per length, the rounds' range as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = sorted({r["length"] for r in rows}, key=lambda n: (n == MIXED, n))
+    present = [c for c in PLAN if any(r["contender"] == c for r in rows)]
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    width = 0.8 / len(present)
+    for i, c in enumerate(present):
+        med, low, high = [], [], []
+        for n in lengths:
+            values = list(per_round(rows, (c,), n).values()) or [0.0]
+            m = statistics.median(values)
+            med.append(m)
+            low.append(m - min(values))
+            high.append(max(values) - m)
+        xs = [j + i * width for j in range(len(lengths))]
+        ax.bar(xs, med, width, yerr=[low, high], label=c, capsize=2)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(lengths))])
+    ax.set_xticklabels(["mixed" if n == MIXED else f"{n} tokens" for n in lengths])
+    ax.set_ylabel("tokens/s (median of rounds; bars: range)")
+    ax.set_title("Ours vs sentence-transformers, Infinity, vLLM (best point per contender)")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -29,7 +29,8 @@ from triton_embed_server.launcher import TritonServer
 from perf.contenders import infinity
 from perf.contenders.engine import engine_ceiling
 from perf.contenders.gateway import GatewayServer, gateway_load
-from perf.contenders.infinity import InfinityServer, infinity_load
+from perf.contenders.infinity import SERVED_MODEL, InfinityServer
+from perf.contenders.openai_load import embeddings_load
 from perf.contenders.sentence_transformers import sentence_transformers_encode
 from perf.contenders.triton_pa import perf_analyzer
 from perf.contenders.vllm_server import VllmServer, vllm_load
@@ -115,7 +116,10 @@ def run_alternatives(
                     )  # fmt: skip
                 if contender.startswith("infinity_"):
                     url = infinities[contender.split("_")[1]].url
-                    return infinity_load(url, sent, b, c, seconds, "base64", counts.get(n))
+                    return embeddings_load(
+                        url, sent, b, c, seconds, "base64",
+                        model=SERVED_MODEL, options={}, text_tokens=counts.get(n),
+                    )  # fmt: skip
                 if contender == "vllm_base64":
                     return vllm_load(vllm_url, sent, b, c, seconds, "base64", counts.get(n))
                 url = merging.url if "merge" in contender else gateway.url

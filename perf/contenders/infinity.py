@@ -9,9 +9,10 @@ mean pooling (the model's own). Before it is measured, its vectors for two texts
 than the model's 256-token budget) are checked against sentence-transformers in this process:
 cosine >= 0.9999, so every contender computes the same embeddings.
 
-:func:`infinity_load` drives its OpenAI-style ``/embeddings`` endpoint with the load generator
-that drives vLLM's server and our gateway (:mod:`perf.contenders.openai_load`). Infinity
-truncates at the budget by itself and has no truncation field, so no option is sent.
+It is driven with the load generator that drives vLLM's server and our gateway
+(:func:`perf.contenders.openai_load.embeddings_load` on :attr:`InfinityServer.url`, ``model``
+:data:`SERVED_MODEL`). Infinity truncates at the budget by itself and has no truncation field,
+so no option is sent.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from triton_embed_server.launcher import REPO_ROOT, free_port
 
-from perf.contenders.openai_load import decode, embeddings_load, request_body
+from perf.contenders.openai_load import decode, request_body
 from perf.corpora import MAX_TOKENS, MODEL
 
 HERE = REPO_ROOT / "perf" / ".infinity"
@@ -41,32 +42,6 @@ ENGINES = ("torch", "onnx")  # contender suffix -> Infinity --engine torch / opt
 def available() -> bool:
     """Whether ``perf/setup_infinity.sh`` has run (its venv and ONNX model exist)."""
     return EXECUTABLE.exists() and (ONNX_MODEL / "model.onnx").exists()
-
-
-def infinity_load(
-    url: str,
-    texts: list[str],
-    batch: int,
-    conc: int,
-    seconds: float,
-    fmt: str,
-    text_tokens: list[int] | None = None,
-) -> dict:
-    """Load Infinity's ``/embeddings`` with ``conc`` requests of ``batch`` texts in flight.
-
-    Args and returns as :func:`perf.contenders.vllm_server.vllm_load`.
-    """
-    return embeddings_load(
-        url,
-        texts,
-        batch,
-        conc,
-        seconds,
-        fmt,
-        model=SERVED_MODEL,
-        options={},
-        text_tokens=text_tokens,
-    )
 
 
 class InfinityServer:

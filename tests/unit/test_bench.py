@@ -373,6 +373,8 @@ def test_command_line_flags():
         "perf.stub_profile",
         "perf.gpu_sweep",
         "perf.gateway_profile",
+        "perf.engine_options",
+        "perf.contenders.sentence_transformers",
     ],
 )
 def test_programs_run_as_modules_from_the_repository_root(module):

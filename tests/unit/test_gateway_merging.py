@@ -107,6 +107,19 @@ def run(coro):
     return asyncio.run(asyncio.wait_for(coro, timeout=10))
 
 
+async def held_first_call(
+    metrics: GatewayMetrics | None = None,
+) -> tuple[FakeEnsemblePool, Merger, asyncio.Future]:
+    """A merger with ``in_flight`` 1 whose first call (``"first"``) the pool holds, so the
+    requests that follow wait and are merged when ``pool.hold`` is set."""
+    pool = FakeEnsemblePool()
+    merger = Merger(pool, 1, metrics)
+    pool.hold = asyncio.Event()
+    first = asyncio.ensure_future(merger.embed_texts(MODEL, encoded("first"), NONE))
+    await settle()
+    return pool, merger, first
+
+
 # ---- (1) idle: sent at once ----------------------------------------------------------------
 
 
@@ -151,11 +164,8 @@ def test_up_to_in_flight_requests_are_sent_at_once():
 
 def test_requests_waiting_behind_a_running_call_are_merged_into_one_call_in_order():
     async def scenario():
-        pool, metrics = FakeEnsemblePool(), GatewayMetrics()
-        merger = Merger(pool, 1, metrics)
-        pool.hold = asyncio.Event()
-        first = asyncio.ensure_future(merger.embed_texts(MODEL, encoded("first"), NONE))
-        await settle()
+        metrics = GatewayMetrics()
+        pool, merger, first = await held_first_call(metrics)
         waiting = [encoded("b one"), encoded("c one", "c two words"), encoded("d")]
         tasks = [asyncio.ensure_future(merger.embed_texts(MODEL, t, NONE)) for t in waiting]
         await settle()
@@ -172,11 +182,7 @@ def test_requests_waiting_behind_a_running_call_are_merged_into_one_call_in_orde
 
 def test_a_request_is_never_split_across_merged_calls():
     async def scenario():
-        pool = FakeEnsemblePool()
-        merger = Merger(pool, 1)
-        pool.hold = asyncio.Event()
-        first = asyncio.ensure_future(merger.embed_texts(MODEL, encoded("first"), NONE))
-        await settle()
+        pool, merger, first = await held_first_call()
         waiting = [encoded("a1", "a2", "a3"), encoded("b1", "b2"), encoded("c1")]
         tasks = [asyncio.ensure_future(merger.embed_texts(MODEL, t, NONE)) for t in waiting]
         await settle()
@@ -192,11 +198,7 @@ def test_a_request_is_never_split_across_merged_calls():
 
 def test_a_request_larger_than_max_batch_size_goes_piecewise_without_waiting():
     async def scenario():
-        pool = FakeEnsemblePool()
-        merger = Merger(pool, 1)
-        pool.hold = asyncio.Event()
-        first = asyncio.ensure_future(merger.embed_texts(MODEL, encoded("first"), NONE))
-        await settle()
+        pool, merger, first = await held_first_call()
         large = encoded(*(f"t{i}" for i in range(6)))
         task = asyncio.ensure_future(merger.embed_texts(MODEL, large, NONE))
         await settle()
@@ -213,11 +215,7 @@ def test_a_request_larger_than_max_batch_size_goes_piecewise_without_waiting():
 
 def test_a_bad_text_in_a_merged_call_fails_only_its_request_with_its_own_index():
     async def scenario():
-        pool = FakeEnsemblePool()
-        merger = Merger(pool, 1)
-        pool.hold = asyncio.Event()
-        first = asyncio.ensure_future(merger.embed_texts(MODEL, encoded("first"), NONE))
-        await settle()
+        pool, merger, first = await held_first_call()
         good_b, bad, good_d = encoded("good b"), encoded("fine", "BAD c"), encoded("good d")
         tasks = [
             asyncio.ensure_future(merger.embed_texts(MODEL, t, NONE)) for t in (good_b, bad, good_d)
@@ -240,11 +238,7 @@ def test_a_bad_text_in_a_merged_call_fails_only_its_request_with_its_own_index()
 
 def test_a_server_error_of_a_merged_call_fails_all_its_requests_without_resending():
     async def scenario():
-        pool = FakeEnsemblePool()
-        merger = Merger(pool, 1)
-        pool.hold = asyncio.Event()
-        first = asyncio.ensure_future(merger.embed_texts(MODEL, encoded("first"), NONE))
-        await settle()
+        pool, merger, first = await held_first_call()
         tasks = [asyncio.ensure_future(merger.embed_texts(MODEL, encoded(t), NONE)) for t in "xyz"]
         await settle()
         pool.fail = InferenceServerException(msg="engine died", status="StatusCode.INTERNAL")

@@ -1,14 +1,10 @@
 """The pure parts of ``perf.bench --mode alternatives`` and ``perf.engine_options``: the
 per-round bests, the ratios against issue 16's targets (median / median), the latency table,
-and the engine-option summary; the contenders' modules run as programs."""
+and the engine-option summary (test_bench runs their modules as programs)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
-from triton_embed_server.launcher import REPO_ROOT
 
 from perf import alternatives, engine_options
 from perf.contenders import infinity
@@ -94,16 +90,3 @@ def test_engine_options_summary_gives_each_variant_against_sentence_transformers
 def test_infinity_engines_are_named_and_checked():
     with pytest.raises(ValueError, match="engine must be one of"):
         infinity.InfinityServer("tensorrt")
-
-
-@pytest.mark.parametrize("module", ["perf.engine_options", "perf.contenders.sentence_transformers"])
-def test_programs_run_as_modules_from_the_repository_root(module):
-    proc = subprocess.run(
-        [sys.executable, "-m", module, "--help"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("usage:")

@@ -2,9 +2,10 @@
 # Run the real tritonserver on this repository's model_repository, in the foreground.
 #
 #   scripts/serve.sh                                  # CPU config, loopback, ports 8000/8001/8002
+#                                                     # (HTTP 8000: loopback only, see below)
 #   scripts/serve.sh --grpc-port 9001 --http-port 9000 --metrics-port 9002
 #   scripts/serve.sh --model-config-name gpu          # embedder/configs/gpu.pbtxt
-#   BIND_ADDRESS=0.0.0.0 scripts/serve.sh             # expose on every interface
+#   BIND_ADDRESS=0.0.0.0 scripts/serve.sh             # expose gRPC and metrics on every interface
 #   PER_NUMA_NODE=1 scripts/serve.sh                  # one server per NUMA node (numactl-bound,
 #                                                     # ports +10 per node; see docs/operations.md)
 #   GATEWAY_PORT=8080 scripts/serve.sh                # also the HTTP gateway (OpenAI, TEI APIs) on
@@ -21,8 +22,14 @@ ADDR="${BIND_ADDRESS:-127.0.0.1}"
 SUPERVISOR=("${ROOT}/.venv/bin/python" -m triton_embed_server.supervisor --)
 [[ "${SUPERVISE:-1}" == "0" ]] && SUPERVISOR=("$TRITONSERVER")
 # Restricted APIs (docs/operations.md): every API but inference, health and metadata needs the
-# admin key, from TRITON_EMBED_ADMIN_KEY, the file TRITON_EMBED_ADMIN_KEY_FILE, or generated
-# into $XDG_STATE_HOME/triton-embed/admin_key (0600). RESTRICTED_APIS=0 leaves them open.
+# admin key, and over HTTP inference too; from TRITON_EMBED_ADMIN_KEY, the file
+# TRITON_EMBED_ADMIN_KEY_FILE, or generated into $XDG_STATE_HOME/triton-embed/admin_key (0600).
+# RESTRICTED_APIS=0 leaves them open.
+# Ports (docs/operations.md, "Ports"): Triton's HTTP port listens on loopback only, whatever
+# BIND_ADDRESS says: Triton 2.51's HTTP frontend bounds no body and dies (SIGSEGV) on a 150 MiB
+# body before any check, and on a 200 KB JSON body nested 100,000 levels deep. It serves the
+# supervisor and local tools; users' HTTP goes to the gateway (GATEWAY_PORT), gRPC to BIND_ADDRESS.
+HTTP_ADDR=127.0.0.1
 RESTRICT=()
 if [[ "${RESTRICTED_APIS:-1}" != "0" ]]; then
     flags="$("${ROOT}/.venv/bin/python" -m triton_embed_server.admin_key --tritonserver-args)"
@@ -50,7 +57,7 @@ if [[ "${SUPERVISE:-1}" == "0" ]]; then
 fi
 SERVER=("${SUPERVISOR[@]}"
     --model-repository "${MODEL_REPOSITORY:-${ROOT}/model_repository}"
-    --grpc-address "$ADDR" --http-address "$ADDR" --metrics-address "$ADDR"
+    --grpc-address "$ADDR" --http-address "$HTTP_ADDR" --metrics-address "$ADDR"
     "${SHM_ARGS[@]}"
     --log-verbose 0
     "${RESTRICT[@]}"

@@ -10,8 +10,14 @@ travels in the request (``file:1/model.py``: code that then runs inside the serv
 (``tritonserver --help`` describes ``<apis>,<key>=<value>``; the binary accepts only the
 ``:`` form and rejects the other with an error that repeats the whole value, so the flags are
 built here and the key is checked first.) :data:`RESTRICTED_APIS` lists every API but
-inference, health and metadata. Over gRPC, Triton expects the header name prefixed with
-``triton-grpc-protocol-`` (:data:`triton_embed.admin.GRPC_ADMIN_HEADER`).
+inference, health and metadata: restricted on both ports. Over HTTP, inference is restricted
+too (:data:`HTTP_RESTRICTED_APIS`): Triton 2.51's HTTP frontend parses a JSON inference body
+with a recursive parser and dies (SIGSEGV) on a ``data`` array nested 100,000 levels deep (a
+200 KB request), and it bounds no body size; the restricted-API check runs on the URL and
+header before the body is parsed, so a keyless request is answered 403 and cannot reach the
+parser. The HTTP API for users is the gateway (docs/operations.md, "Ports"); gRPC inference
+stays open. Over gRPC, Triton expects the header name prefixed with ``triton-grpc-protocol-``
+(:data:`triton_embed.admin.GRPC_ADMIN_HEADER`).
 
 Where the key comes from (:func:`ensure_admin_key`): ``TRITON_EMBED_ADMIN_KEY``, else the file
 named by ``TRITON_EMBED_ADMIN_KEY_FILE``, else the default file
@@ -55,6 +61,14 @@ RESTRICTED_APIS = (
     "logging",
 )
 OPEN_APIS = ("inference", "health", "metadata")
+# Over HTTP, inference needs the key too (module docstring): only health and metadata are open.
+HTTP_RESTRICTED_APIS = (*RESTRICTED_APIS, "inference")
+HTTP_OPEN_APIS = ("health", "metadata")
+# Where Triton's HTTP port listens on every start path (serve.sh, per_node, the launcher):
+# loopback only, whatever the gRPC address. A keyless body of 150 MiB kills the 2.51 HTTP
+# frontend before the restricted-API check (measured; 100 MiB was refused with 403), so the
+# key alone does not make the port safe to expose (docs/operations.md, "Ports").
+LOCAL_HTTP_ADDRESS = "127.0.0.1"
 HTTP_FLAG = "--http-restricted-api"
 GRPC_FLAG = "--grpc-restricted-protocol"
 REDACTED = "***"
@@ -141,17 +155,25 @@ def ensure_admin_key(environ: Mapping[str, str] | None = None) -> tuple[str, str
 
 
 def tritonserver_args(
-    key: str, header: str = ADMIN_HEADER, apis: tuple[str, ...] = RESTRICTED_APIS
+    key: str,
+    header: str = ADMIN_HEADER,
+    http_apis: tuple[str, ...] = HTTP_RESTRICTED_APIS,
+    grpc_apis: tuple[str, ...] = RESTRICTED_APIS,
 ) -> list[str]:
-    """The tritonserver flags that require ``header: key`` on ``apis`` over HTTP and gRPC.
+    """The tritonserver flags that require ``header: key`` on ``http_apis`` and ``grpc_apis``.
+
+    By default every API but health and metadata over HTTP (inference included: module
+    docstring), every API but inference, health and metadata over gRPC.
 
     Raises:
         ValueError: ``key`` is not usable (it would break the flag, and tritonserver prints a
             flag it cannot parse).
     """
     check_key(key, "the caller")
-    value = f"{','.join(apis)}:{header}={key}"
-    return [f"{HTTP_FLAG}={value}", f"{GRPC_FLAG}={value}"]
+    return [
+        f"{HTTP_FLAG}={','.join(http_apis)}:{header}={key}",
+        f"{GRPC_FLAG}={','.join(grpc_apis)}:{header}={key}",
+    ]
 
 
 def _flag_values(args: list[str], flag: str) -> list[tuple[int, str]]:
@@ -218,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"admin_key: restricted APIs need the key from {source}", file=sys.stderr)
     else:
         print(f"admin key: {source}")
-        print(f"restricted: {', '.join(RESTRICTED_APIS)}; open: {', '.join(OPEN_APIS)}")
+        print(f"HTTP: open: {', '.join(HTTP_OPEN_APIS)}; restricted: {', '.join(HTTP_RESTRICTED_APIS)}")
+        print(f"gRPC: open: {', '.join(OPEN_APIS)}; restricted: {', '.join(RESTRICTED_APIS)}")
         print(f"header: {ADMIN_HEADER} (HTTP), triton-grpc-protocol-{ADMIN_HEADER} (gRPC)")
     return 0
 

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from triton_embed_server.admin_key import redact
+from triton_embed_server.admin_key import LOCAL_HTTP_ADDRESS, redact
 from triton_embed_server.instance_group import instance_count, read_config_pbtxt
 from triton_embed_server.supervisor import option_value
 
@@ -67,7 +67,9 @@ def node_servers(
     """The server commands of a placement plan (``PlacementPlan.to_dict()``).
 
     Each runs ``python -m triton_embed_server.supervisor -- <tritonserver_args> <ports>``
-    behind the plan's ``numactl_prefix`` (none on a single-node host).
+    behind the plan's ``numactl_prefix`` (none on a single-node host). gRPC and metrics listen
+    on ``bind_address``, HTTP on loopback only
+    (:data:`~triton_embed_server.admin_key.LOCAL_HTTP_ADDRESS`).
     """
     servers = []
     for k, planned in enumerate(plan.get("servers") or [{}]):
@@ -81,7 +83,8 @@ def node_servers(
             *tritonserver_args,
         ]
         for name in ("http", "grpc", "metrics"):
-            argv += [f"--{name}-address", bind_address, f"--{name}-port", str(ports[name])]
+            address = LOCAL_HTTP_ADDRESS if name == "http" else bind_address
+            argv += [f"--{name}-address", address, f"--{name}-port", str(ports[name])]
         servers.append(
             NodeServer(planned.get("numa_node"), argv, dict(planned.get("env") or {}), ports)
         )
@@ -126,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         env = " ".join(f"{k}={v}" for k, v in s.env.items())
         print(
             f"per_node: {node}: grpc {args.bind_address}:{s.ports['grpc']}, "
-            f"http :{s.ports['http']}, metrics :{s.ports['metrics']}: "
+            f"http {LOCAL_HTTP_ADDRESS}:{s.ports['http']}, metrics :{s.ports['metrics']}: "
             f"{env} {' '.join(redact(s.argv))}".replace("  ", " "),  # no admin key in logs
             flush=True,
         )

@@ -27,6 +27,9 @@ from triton_embed.admin import (
 from triton_embed.error_mapping import map_error
 from triton_embed_server import admin_key
 from triton_embed_server.admin_key import (
+    HTTP_OPEN_APIS,
+    HTTP_RESTRICTED_APIS,
+    LOCAL_HTTP_ADDRESS,
     OPEN_APIS,
     RESTRICTED_APIS,
     ensure_admin_key,
@@ -113,14 +116,17 @@ def test_a_key_file_others_can_read_gets_a_warning_without_the_key(tmp_path, cap
     assert "mode 0644" in err and KEY not in err
 
 
-def test_the_flags_restrict_every_api_but_inference_health_and_metadata():
+def test_the_flags_leave_health_and_metadata_open_and_inference_open_on_grpc_only():
     assert tritonserver_args(KEY) == [
         "--http-restricted-api=shared-memory,model-config,model-repository,statistics,trace,"
-        f"logging:triton-embed-admin-key={KEY}",
+        f"logging,inference:triton-embed-admin-key={KEY}",
         "--grpc-restricted-protocol=shared-memory,model-config,model-repository,statistics,"
         f"trace,logging:triton-embed-admin-key={KEY}",
     ]
     assert set(OPEN_APIS) == {"inference", "health", "metadata"}
+    assert set(HTTP_OPEN_APIS) == {"health", "metadata"}
+    assert set(HTTP_RESTRICTED_APIS) == set(RESTRICTED_APIS) | {"inference"}
+    assert LOCAL_HTTP_ADDRESS == "127.0.0.1"
     assert ADMIN_HEADER == "triton-embed-admin-key"
     assert GRPC_ADMIN_HEADER == "triton-grpc-protocol-triton-embed-admin-key"
 
@@ -142,7 +148,8 @@ def test_the_supervisor_reads_the_header_from_the_server_flags():
     args = ["--http-port", "1", *tritonserver_args(KEY)]
     assert restricted_http_headers(args) == {ADMIN_HEADER: KEY}
     assert restricted_http_headers(args, "model-config") == {ADMIN_HEADER: KEY}
-    assert restricted_http_headers(args, "inference") == {}
+    assert restricted_http_headers(args, "inference") == {ADMIN_HEADER: KEY}
+    assert restricted_http_headers(args, "health") == {}
     assert restricted_http_headers(["--http-restricted-api", f"model-repository:h={KEY}"]) == {
         "h": KEY
     }

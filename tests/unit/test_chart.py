@@ -67,7 +67,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 SETS = sorted(VALUE_SETS)
-TRITON_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+# Triton's HTTP port (8000) listens on the pod's loopback only (docs/operations.md, "Ports"): not
+# a container port, not in the Service, no probe on it.
+TRITON_PORTS = {"grpc": 8001, "metrics": 8002}
 # The values the doctor's chart-values output and docs/kubernetes.md use (agreed names).
 AGREED_VALUES = (
     "triton.replicas",
@@ -314,17 +316,19 @@ def test_init_step_refuses_a_config_that_does_not_fit_the_pod(tmp_path):
 
 
 @pytest.mark.parametrize("value_set", SETS)
-def test_triton_probes_use_the_health_endpoints_on_the_http_port(value_set):
+def test_triton_probes_are_grpc_health_checks_and_the_http_port_is_not_exposed(value_set):
     triton = container(triton_pod(render(value_set)), "triton")
     ports = {p["name"]: p["containerPort"] for p in triton["ports"]}
     assert ports == TRITON_PORTS
-    for probe, path in (
-        ("startupProbe", "/v2/health/ready"),
-        ("readinessProbe", "/v2/health/ready"),
-        ("livenessProbe", "/v2/health/live"),
-    ):
-        get = triton[probe]["httpGet"]
-        assert (get["path"], ports.get(get["port"], get["port"])) == (path, 8000), probe
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        # grpc.health.v1 on the gRPC port (a number: Kubernetes takes no port name here);
+        # tests/integration/test_restricted_apis.py checks Triton's answer to it.
+        assert triton[probe]["grpc"] == {"port": TRITON_PORTS["grpc"]}, probe
+        assert "httpGet" not in triton[probe] and "service" not in triton[probe]["grpc"], probe
+    env = {e["name"]: e.get("value") for e in triton["env"]}
+    # serve.sh binds gRPC and metrics to BIND_ADDRESS, HTTP to loopback whatever it says
+    assert env["BIND_ADDRESS"] == "0.0.0.0"
+    assert "--http-address" not in (triton.get("args") or [])
     startup = triton["startupProbe"]
     # Model loading: at least the supervisor's --ready-timeout-s (600 s) of startup probing.
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 600

@@ -42,6 +42,19 @@ def test_two_node_gpu_host_gets_one_bound_server_per_node():
     assert "--model-config-name" in one and one[one.index("--") + 1] == "--model-repository"
 
 
+def test_http_listens_on_loopback_whatever_the_bind_address():
+    # Triton 2.51's HTTP frontend dies on a 150 MiB body before any check (docs/operations.md,
+    # "Ports"): gRPC and metrics follow --bind-address, HTTP never leaves loopback.
+    plan = {"servers": [{}, {}]}
+    servers = per_node.node_servers(plan, ["--model-repository", "r"], bind_address="0.0.0.0")
+    for server in servers:
+        argv = server.argv
+        addresses = {
+            name: argv[argv.index(f"--{name}-address") + 1] for name in ("http", "grpc", "metrics")
+        }
+        assert addresses == {"http": "127.0.0.1", "grpc": "0.0.0.0", "metrics": "0.0.0.0"}
+
+
 def test_single_node_host_runs_one_unbound_server(capsys):
     assert (
         per_node.main(
@@ -64,6 +77,7 @@ def test_single_node_host_runs_one_unbound_server(capsys):
     if len(doctor.gather_host().numa_nodes) == 1:
         assert len(lines) == 1 and "numactl" not in lines[0]
         assert "grpc 127.0.0.1:9101" in lines[0] and "--metrics-port 9102" in lines[0]
+        assert "http 127.0.0.1:9100" in lines[0]
 
 
 def test_embedder_count_reads_the_config_the_server_loads(tmp_path: Path):

@@ -240,8 +240,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"admin_key: restricted APIs need the key from {source}", file=sys.stderr)
     else:
         print(f"admin key: {source}")
-        print(f"HTTP: open: {', '.join(HTTP_OPEN_APIS)}; restricted: {', '.join(HTTP_RESTRICTED_APIS)}")
-        print(f"gRPC: open: {', '.join(OPEN_APIS)}; restricted: {', '.join(RESTRICTED_APIS)}")
+        for port, open_apis, restricted in (
+            ("HTTP", HTTP_OPEN_APIS, HTTP_RESTRICTED_APIS),
+            ("gRPC", OPEN_APIS, RESTRICTED_APIS),
+        ):
+            print(f"{port}: open: {', '.join(open_apis)}; restricted: {', '.join(restricted)}")
         print(f"header: {ADMIN_HEADER} (HTTP), triton-grpc-protocol-{ADMIN_HEADER} (gRPC)")
     return 0
 

@@ -80,7 +80,8 @@ def test_over_long_text_is_truncated_like_the_reference(grpc_client, reference_m
 
 
 def test_http_infer_works_with_binary_outputs(server, reference_model):
-    """The ensemble is not decoupled: plain KServe v2 HTTP infer answers."""
+    """The ensemble is not decoupled: plain KServe v2 HTTP infer answers (with the admin key:
+    Triton's HTTP inference is restricted, docs/operations.md "Ports")."""
     import json
 
     import requests
@@ -93,7 +94,12 @@ def test_http_infer_works_with_binary_outputs(server, reference_model):
             {"name": "NUM_TOKENS", "parameters": {"binary_data": False}},
         ],
     }
-    resp = requests.post(f"{server.http_url}/v2/models/embed/infer", json=body, timeout=60)
+    resp = requests.post(
+        f"{server.http_url}/v2/models/embed/infer",
+        json=body,
+        headers=server.admin_http_headers,
+        timeout=60,
+    )
     assert resp.status_code == 200, resp.text[:500]
     header_len = int(resp.headers["Inference-Header-Content-Length"])
     header = json.loads(resp.content[:header_len])

@@ -1,4 +1,4 @@
-"""Restricted APIs on a real server: without the admin key only inference, health, metadata.
+"""Restricted APIs on a real server: without the admin key only health, metadata and gRPC inference.
 
 The shared session server (launcher, a random key) shows the refusals; a private server
 started by ``scripts/serve.sh`` (key generated into its own ``XDG_STATE_HOME``) shows that the
@@ -33,7 +33,7 @@ from triton_embed.admin import (
     http_headers,
     read_key_file,
 )
-from triton_embed_server.admin_key import RESTRICTED_APIS
+from triton_embed_server.admin_key import HTTP_RESTRICTED_APIS, RESTRICTED_APIS
 from triton_embed_server.launcher import REPO_ROOT, free_port
 from triton_embed_server.repository import copy_repository, edit_config
 from tritonclient.utils import InferenceServerException
@@ -58,6 +58,28 @@ RESTRICTED_HTTP = [
     ("shared-memory", "GET", "/v2/systemsharedmemory/status"),
 ]
 OPEN_HTTP = [("GET", "/v2/health/ready"), ("GET", "/v2"), ("GET", "/v2/models/embed")]
+INFER_PATH = "/v2/models/embed/infer"
+ONE_TEXT = {"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": ["x"]}]}
+
+
+def deep_nested_infer_body(depth: int = 100_000) -> bytes:
+    """Issue 20's crash: an inference body whose ``data`` is nested ``depth`` levels (200 KB)."""
+    data = "[" * depth + '"x"' + "]" * depth
+    return (
+        '{"inputs":[{"name":"TEXT","shape":[1,1],"datatype":"BYTES","data":' + data + "}]}"
+    ).encode()
+
+
+def grpc_health_check(grpc_url: str) -> bytes:
+    """The raw ``grpc.health.v1.Health/Check`` answer (service ""), as a Kubernetes probe asks.
+
+    ``b"\x08\x01"`` is ``HealthCheckResponse{status: SERVING}``, ``b"\x08\x02"`` NOT_SERVING.
+    """
+    import grpc
+
+    with grpc.insecure_channel(grpc_url) as channel:
+        check = channel.unary_unary("/grpc.health.v1.Health/Check")
+        return check(b"", timeout=10)
 
 
 def http(base: str, method: str, path: str, body: bytes | None = None, headers=None):
@@ -147,8 +169,9 @@ def test_an_unauthenticated_unload_of_embed_is_refused_over_http_and_grpc(server
     assert len(vectors) == 1
 
 
-def test_every_api_but_inference_health_and_metadata_needs_the_key(server, grpc_client):
+def test_every_api_but_health_metadata_and_grpc_inference_needs_the_key(server, grpc_client):
     assert {api for api, _, _ in RESTRICTED_HTTP} == set(RESTRICTED_APIS)
+    assert set(HTTP_RESTRICTED_APIS) == set(RESTRICTED_APIS) | {"inference"}
     for api, method, path in RESTRICTED_HTTP:
         status, text = http(server.http_url, method, path)
         assert (status, json.loads(text)) == (403, {"error": HTTP_REFUSAL}), api
@@ -156,10 +179,12 @@ def test_every_api_but_inference_health_and_metadata_needs_the_key(server, grpc_
         assert status == 200, api
     for method, path in OPEN_HTTP:
         assert http(server.http_url, method, path)[0] == 200, path
-    request = {"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": ["x"]}]}
-    status, text = http(
-        server.http_url, "POST", "/v2/models/embed/infer", json.dumps(request).encode()
-    )
+    # HTTP inference: refused without the key (the gateway is the HTTP API), served with it
+    body = json.dumps(ONE_TEXT).encode()
+    for headers in (None, http_headers(WRONG_KEY)):
+        status, text = http(server.http_url, "POST", INFER_PATH, body, headers)
+        assert (status, json.loads(text)) == (403, {"error": HTTP_REFUSAL})
+    status, text = http(server.http_url, "POST", INFER_PATH, body, server.admin_http_headers)
     assert status == 200 and '"NUM_TOKENS"' in text
     restricted_grpc = {
         "model-config": lambda h: grpc_client.get_model_config("embed", headers=h),
@@ -177,6 +202,46 @@ def test_every_api_but_inference_health_and_metadata_needs_the_key(server, grpc_
         call(server.admin_grpc_headers)  # no exception
     assert grpc_client.is_server_ready() and grpc_client.is_model_ready("embed")
     assert grpc_client.get_model_metadata("embed").name == "embed"
+
+
+def test_a_keyless_100000_level_body_is_refused_before_triton_parses_it(server, grpc_client):
+    # Sent to a server without the HTTP inference restriction, this body kills tritonserver
+    # (SIGSEGV in its HTTP frontend's JSON parser; reproduced with 2.51 here). The
+    # restriction is checked on the URL and header first: the body is never parsed.
+    body = deep_nested_infer_body()
+    assert 200_000 <= len(body) < 201_000
+    for headers in (None, http_headers(WRONG_KEY)):
+        status, text = http(server.http_url, "POST", INFER_PATH, body, headers)
+        assert (status, json.loads(text)) == (403, {"error": HTTP_REFUSAL})
+    assert server.process.poll() is None and server.is_ready()
+    status, text = http(
+        server.http_url,
+        "POST",
+        INFER_PATH,
+        json.dumps(ONE_TEXT).encode(),
+        server.admin_http_headers,
+    )
+    assert status == 200 and '"NUM_TOKENS"' in text
+    vectors, _ = infer_embed(grpc_client, ["still serving after the deep body"])
+    assert len(vectors) == 1
+
+
+def test_keyless_malformed_json_gets_the_refusal_and_the_key_holder_gets_tritons_answer(server):
+    # Issue 20, item 14: Triton answers malformed JSON with its own status (500 in 2.51, not a
+    # 400). Only the gateway is the HTTP API; a keyless caller now never reaches the parser.
+    for body in (b'{"inputs": [', b"not json", b""):
+        status, text = http(server.http_url, "POST", INFER_PATH, body)
+        assert (status, json.loads(text)) == (403, {"error": HTTP_REFUSAL}), body
+    status, text = http(
+        server.http_url, "POST", INFER_PATH, b'{"inputs": [', server.admin_http_headers
+    )
+    print(f"malformed JSON with the key: {status} {text[:200]}")
+    assert status >= 400 and "error" in json.loads(text)
+    assert server.is_ready()
+
+
+def test_the_grpc_health_check_that_the_chart_probes_answers_serving_without_the_key(server):
+    assert grpc_health_check(server.grpc_url) == b"\x08\x01"  # SERVING: the server is ready
 
 
 def test_the_client_sends_the_key_to_read_max_batch_size(server, monkeypatch, tmp_path):
@@ -228,6 +293,9 @@ def test_the_key_is_in_no_log_of_the_shared_server(server):
 # ---- a private server started by scripts/serve.sh ---------------------------------------------
 
 
+SERVED_ADDRESS = "127.0.0.2"  # BIND_ADDRESS of the serve.sh server (Linux routes 127/8 to lo)
+
+
 @dataclass
 class Served:
     process: subprocess.Popen
@@ -267,6 +335,8 @@ def served(tmp_path_factory):
         tmp,
         MODEL_REPOSITORY=str(repo),
         XDG_STATE_HOME=str(tmp / "state"),
+        # another loopback address: gRPC and metrics follow it, HTTP must stay on 127.0.0.1
+        BIND_ADDRESS=SERVED_ADDRESS,
     )
     log_path = tmp / "serve.log"
     with open(log_path, "wb") as log:
@@ -289,7 +359,7 @@ def served(tmp_path_factory):
     srv = Served(
         proc,
         f"http://127.0.0.1:{http_port}",
-        f"127.0.0.1:{grpc_port}",
+        f"{SERVED_ADDRESS}:{grpc_port}",
         default_key_file(env),
         log_path,
         env,
@@ -333,6 +403,30 @@ def test_serve_sh_generates_an_owner_only_key_and_restricts_the_apis(served):
         served.http_url, "GET", "/v2/models/embed/config", headers=http_headers(served.key)
     )
     assert status == 200 and json.loads(text)["name"] == "embed"
+
+
+def test_serve_sh_keeps_the_http_port_on_loopback_whatever_bind_address_says(served):
+    port = int(served.http_url.rsplit(":", 1)[1])
+    grpc_port = int(served.grpc_url.rsplit(":", 1)[1])
+    listening = {
+        (c.laddr.ip.removeprefix("::ffff:"), c.laddr.port)  # gRPC: an IPv4-mapped socket
+        for p in [
+            psutil.Process(served.process.pid),
+            *psutil.Process(served.process.pid).children(True),
+        ]
+        for c in p.net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN
+    }
+    assert ("127.0.0.1", port) in listening and (SERVED_ADDRESS, port) not in listening
+    assert (SERVED_ADDRESS, grpc_port) in listening
+    with pytest.raises(OSError):  # nothing on BIND_ADDRESS's HTTP port
+        http(f"http://{SERVED_ADDRESS}:{port}", "GET", "/v2/health/ready")
+    assert http(served.http_url, "GET", "/v2/health/ready")[0] == 200
+    status, text = http(served.http_url, "POST", INFER_PATH, deep_nested_infer_body())
+    assert (status, json.loads(text)) == (403, {"error": HTTP_REFUSAL})
+    assert grpc_health_check(served.grpc_url) == b"\x08\x01"
+    with EmbeddingClient(served.grpc_url, batch_size=4) as client:  # gRPC inference: no key
+        assert client.embed(["served over gRPC"]).shape == (1, DIM)
 
 
 def test_with_the_key_embed_unloads_and_loads_again(served):

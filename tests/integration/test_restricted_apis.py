@@ -235,8 +235,10 @@ def test_keyless_malformed_json_gets_the_refusal_and_the_key_holder_gets_tritons
     status, text = http(
         server.http_url, "POST", INFER_PATH, b'{"inputs": [', server.admin_http_headers
     )
-    print(f"malformed JSON with the key: {status} {text[:200]}")
-    assert status >= 400 and "error" in json.loads(text)
+    # Triton's own answer (the key holder reaches its parser): 500, documented in
+    # docs/operations.md "Ports"; the gateway answers such bodies with a 4xx
+    assert status == 500, text
+    assert json.loads(text)["error"].startswith("failed to parse the request JSON buffer")
     assert server.is_ready()
 
 

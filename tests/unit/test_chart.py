@@ -176,6 +176,7 @@ def test_every_kind_rendered_is_a_kubernetes_kind_or_a_known_custom_resource(val
         ("apps/v1", "Deployment"),
         ("autoscaling/v2", "HorizontalPodAutoscaler"),
         ("policy/v1", "PodDisruptionBudget"),
+        ("networking.k8s.io/v1", "NetworkPolicy"),
     }
     kinds = {(d["apiVersion"], d["kind"]) for d in render(value_set)}
     assert kinds <= core | CRDS, kinds - core - CRDS
@@ -347,6 +348,49 @@ def test_pods_drain_before_they_stop(value_set):
         assert spec["terminationGracePeriodSeconds"] >= int(sleep[1]) + extra
     rollout = triton_deployment(docs)["spec"]["strategy"]["rollingUpdate"]
     assert rollout["maxUnavailable"] == 0
+
+
+@pytest.mark.parametrize("value_set", SETS)
+def test_only_the_gateway_and_labelled_clients_reach_tritons_grpc_port(value_set):
+    # Triton 2.51 bounds no gRPC request (docs/operations.md, "Ports"): by default the
+    # NetworkPolicy admits the gateway's pods and pods with the client label on gRPC, every
+    # pod on metrics, and nothing else (the HTTP port is loopback-only anyway).
+    docs = render(value_set)
+    policy = one(docs, "NetworkPolicy", triton_name())
+    spec = policy["spec"]
+    pod_labels = triton_deployment(docs)["spec"]["template"]["metadata"]["labels"]
+    assert spec["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert spec["policyTypes"] == ["Ingress"]
+    grpc_rule, metrics_rule = spec["ingress"]
+    assert grpc_rule["ports"] == [{"port": "grpc", "protocol": "TCP"}]
+    assert metrics_rule == {"ports": [{"port": "metrics", "protocol": "TCP"}]}  # from anywhere
+    peers = [peer["podSelector"]["matchLabels"] for peer in grpc_rule["from"]]
+    client = {values(value_set)["triton"]["networkPolicy"]["clientLabel"]: "true"}
+    gateways = [d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == gateway_name()]
+    if gateways:
+        gateway_labels = gateways[0]["spec"]["template"]["metadata"]["labels"]
+        assert peers[0].items() <= gateway_labels.items() and peers[1:] == [client]
+        assert not peers[0].items() <= pod_labels.items()  # the gateway's, not Triton's pods
+    else:
+        assert peers == [client]
+    named = {p["name"] for p in container(triton_pod(docs), "triton")["ports"]}
+    assert {r["ports"][0]["port"] for r in spec["ingress"]} == named
+
+
+def _render_set(override: str) -> list[dict]:
+    proc = helm(*template_args("defaults", KUBE_VERSIONS[0], (override,)))
+    assert proc.returncode == 0, proc.stderr
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def test_the_network_policy_can_be_turned_off_and_takes_extra_peers():
+    docs = _render_set("triton.networkPolicy.enabled=false")
+    assert "NetworkPolicy" not in {d["kind"] for d in docs}
+    docs = _render_set(
+        "triton.networkPolicy.extraFrom[0].namespaceSelector.matchLabels.team=search"
+    )
+    peers = one(docs, "NetworkPolicy", triton_name())["spec"]["ingress"][0]["from"]
+    assert peers[-1] == {"namespaceSelector": {"matchLabels": {"team": "search"}}}
 
 
 def test_headless_service_names_the_ports_as_triton_does():

@@ -527,6 +527,18 @@ def test_the_entrypoint_embeds_through_the_charts_grpc_service():
     assert job()["metadata"]["namespace"] == NAMESPACE  # the Service's and Secret's namespace
 
 
+def test_the_pods_that_call_triton_pass_the_charts_network_policy():
+    # The chart admits on Triton's gRPC port only the gateway and pods with its client label
+    # (triton.networkPolicy): the head (the driver) and the workers (the actors) carry it.
+    (policy,) = [d for d in chart_docs() if d["kind"] == "NetworkPolicy"]
+    admitted = [peer["podSelector"]["matchLabels"] for peer in policy["spec"]["ingress"][0]["from"]]
+    for role, template in templates(job()).items():
+        labels = template["metadata"]["labels"]
+        if role == "submitter":  # ray job submit talks to the head's dashboard, not to Triton
+            continue
+        assert any(peer.items() <= labels.items() for peer in admitted), role
+
+
 def test_the_entrypoint_arguments():
     args = entrypoint(job())
     assert args.model == "embed" and (REPO_ROOT / "model_repository" / "embed").is_dir()

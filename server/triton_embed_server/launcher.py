@@ -62,8 +62,9 @@ class TritonServer:
         extra_args: further ``tritonserver`` arguments (``--model-config-name gpu``, ...).
         ready_timeout_s: how long :meth:`start` waits for ``/v2/health/ready``.
         log_path: where the server's stdout/stderr go (a temporary file by default).
-        admin_key: the key every API but inference, health and metadata requires
-            (:mod:`triton_embed_server.admin_key`); a new random one per server unless given.
+        admin_key: the key every API but inference, health and metadata requires, and HTTP
+            inference too (:mod:`triton_embed_server.admin_key`); a new random one per server
+            unless given.
             Send it with :attr:`admin_http_headers` / :attr:`admin_grpc_headers`. Kept out of
             ``repr`` and of every message; it is on the server's command line.
     """
@@ -86,7 +87,7 @@ class TritonServer:
 
     @property
     def http_url(self) -> str:
-        """``http://host:port`` of the KServe v2 HTTP endpoint."""
+        """``http://host:port`` of the KServe v2 HTTP endpoint (inference needs the admin key)."""
         return f"http://127.0.0.1:{self.http_port}"
 
     @property

@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from triton_embed_server.config import MIN_MAX_LENGTH
+from triton_embed_server.config import MIN_MAX_LENGTH, EmbedderConfig
 from triton_embed_server.model_files import PACKAGE_SCHEME, resolve_model_path
 from triton_embed_server.model_spec import ModelFolderError, Pooling, read_model_spec
 from triton_embed_server.repository import precompile
@@ -92,6 +92,7 @@ def add_model(repository: Path, options: ModelOptions, replace: bool = False) ->
         served_model_name=options.served_model_name or _served_name(folder),
         dimension=spec.dimension,
         resolved_max_length=options.max_length or spec.max_length,
+        kv_cache_bytes=_kv_cache_bytes,
     )
     tokenizer, embedder = step_names(name)
     replaced = _check_free(repository, name, replace)
@@ -100,6 +101,23 @@ def add_model(repository: Path, options: ModelOptions, replace: bool = False) ->
     for step in (tokenizer, embedder):
         precompile(repository / step)
     return [repository / name, repository / tokenizer, repository / embedder]
+
+
+def _kv_cache_bytes(config_text: str) -> int:
+    """The KV-cache budget the server computes for a rendered embedder config (``auto``).
+
+    Raises:
+        RepositoryError: the model folder's ``config.json`` does not tell the KV sizes.
+    """
+    from google.protobuf import json_format, text_format
+    from tritonclient.grpc import model_config_pb2
+
+    message = text_format.Parse(config_text, model_config_pb2.ModelConfig())
+    config = json_format.MessageToDict(message, preserving_proto_field_name=True)
+    try:
+        return EmbedderConfig.from_model_config(config).kv_cache_budget
+    except ValueError as exc:
+        raise RepositoryError(f"kv_cache_bytes: {exc}") from None
 
 
 # The Hugging Face ids of models this project ships as Python packages (pkg://...): their

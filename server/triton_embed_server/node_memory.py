@@ -137,7 +137,8 @@ def read_node_memory(
         )
     else:
         info = _meminfo(proc_meminfo)
-        total, available = info["MemTotal"], info.get("MemAvailable", info["MemFree"])
+        total = info["MemTotal"]
+        available = info["MemAvailable"] if "MemAvailable" in info else info["MemFree"]
     room = _cgroup_room(cgroup_root)
     if room is not None and room[0] < total:
         total, available = room[0], min(available, room[1])
@@ -236,9 +237,15 @@ def engine_needs(
 
 
 def shortfalls(
-    needs: Sequence[EngineNeed], memory: Callable[[int | None], NodeMemory] = read_node_memory
+    needs: Sequence[EngineNeed], memory: Callable[[int | None], NodeMemory] | None = None
 ) -> list[tuple[NodeMemory, list[EngineNeed]]]:
-    """The nodes whose engines need more than they have available, with those engines."""
+    """The nodes whose engines need more than they have available, with those engines.
+
+    Args:
+        needs: the engines (:func:`engine_needs`).
+        memory: reads a node's memory (None: :func:`read_node_memory`; tests pass a fake).
+    """
+    memory = memory or read_node_memory
     out = []
     for node in sorted({n.node for n in needs}, key=lambda n: -1 if n is None else n):
         mine = [n for n in needs if n.node == node]
@@ -270,7 +277,7 @@ def too_small_message(mem: NodeMemory, needs: Sequence[EngineNeed]) -> str:
 
 
 def require_fit(
-    needs: Sequence[EngineNeed], memory: Callable[[int | None], NodeMemory] = read_node_memory
+    needs: Sequence[EngineNeed], memory: Callable[[int | None], NodeMemory] | None = None
 ) -> None:
     """Raise unless every node has room for its engines.
 
@@ -282,8 +289,9 @@ def require_fit(
         raise NodeMemoryError(" ".join(too_small_message(mem, ns) for mem, ns in short))
 
 
-def describe(needs: Sequence[EngineNeed], memory: Callable = read_node_memory) -> list[str]:
+def describe(needs: Sequence[EngineNeed], memory: Callable | None = None) -> list[str]:
     """One line per node: its engines' need and its available memory."""
+    memory = memory or read_node_memory
     lines = []
     for node in sorted({n.node for n in needs}, key=lambda n: -1 if n is None else n):
         mine = [n for n in needs if n.node == node]

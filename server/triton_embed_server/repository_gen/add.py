@@ -21,7 +21,12 @@ from triton_embed_server.model_files import PACKAGE_SCHEME, resolve_model_path
 from triton_embed_server.model_spec import ModelFolderError, Pooling, read_model_spec
 from triton_embed_server.repository import precompile
 from triton_embed_server.repository_gen.layout import TEMP_PREFIX, step_users
-from triton_embed_server.repository_gen.names import RepositoryError, check_name, step_names
+from triton_embed_server.repository_gen.names import (
+    RepositoryError,
+    check_name,
+    check_served_model_name,
+    step_names,
+)
 from triton_embed_server.repository_gen.remove import removable
 from triton_embed_server.repository_gen.render import DEVICES, ModelOptions, render
 
@@ -45,6 +50,8 @@ def add_model(repository: Path, options: ModelOptions, replace: bool = False) ->
     """
     repository = Path(repository)
     name = check_name(options.name)
+    if options.served_model_name:
+        check_served_model_name(options.served_model_name)
     if options.device not in DEVICES:
         raise RepositoryError(f"--device {options.device!r} is not one of {', '.join(DEVICES)}")
     for flag, value, low in (
@@ -101,6 +108,27 @@ def add_model(repository: Path, options: ModelOptions, replace: bool = False) ->
     for step in (tokenizer, embedder):
         precompile(repository / step)
     return [repository / name, repository / tokenizer, repository / embedder]
+
+
+def memory_warnings(repository: Path) -> list[str]:
+    """Why the repository's CPU engines would not fit their NUMA nodes now, one line a node.
+
+    The same need and the same node memory as the check before the server starts
+    (:mod:`triton_embed_server.node_memory`); ``repository add`` prints them as warnings
+    (the model is written: the server may start on another host). A server of this
+    repository that runs now already holds its engines' share of the node's memory.
+
+    Returns:
+        Empty when every node has room (or the repository has no CPU engines).
+    """
+    from triton_embed_server import node_memory
+
+    try:
+        needs = node_memory.engine_needs([Path(repository)])
+        short = node_memory.shortfalls(needs)
+    except (OSError, ValueError) as exc:
+        return [f"the engines' memory was not checked: {exc}"]
+    return [node_memory.too_small_message(mem, ns) for mem, ns in short]
 
 
 def _kv_cache_bytes(config_text: str) -> int:

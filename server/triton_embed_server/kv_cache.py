@@ -34,10 +34,11 @@ step of the configured limits holds, no more:
   and never fewer than one full-length sequence's ``ceil(max_model_len / 128)``;
 * budget: ``blocks x 128 x bytes per token``.
 
-For example, the Qwen3-style test model of ``tests/model_factory.py`` (2 layers, 2 KV heads of
-64, float32: 2,048 bytes a token) with the shipped limits (``S = 256``, ``T = 16,384``,
-``max_model_len = 512``): ``256 + floor(16,128 / 128) = 382`` blocks, ``382 x 128 x 2,048 =
-100,139,008`` bytes (95.5 MiB). all-MiniLM-L6-v2 (BERT): 0.
+For example, the Qwen3-style test model of ``tests/model_factory.py`` (2 layers, 1 KV head of
+64, float32: ``2 x 2 x 1 x 64 x 4 = 1,024`` bytes a token) with the shipped CPU limits
+(``S = 256``, ``T = 16,384``, ``max_model_len = 128``): ``256 + floor(16,128 / 128) = 382``
+blocks, ``382 x 128 x 1,024 = 50,069,504`` bytes (47.75 MiB); vLLM 0.32 given that budget
+reports "CPU KV cache size: 48,896 tokens" (382 blocks) and starts. all-MiniLM-L6-v2 (BERT): 0.
 """
 
 from __future__ import annotations

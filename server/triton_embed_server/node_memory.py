@@ -305,6 +305,27 @@ def describe(needs: Sequence[EngineNeed], memory: Callable | None = None) -> lis
     return lines
 
 
+def loaded_models(args: Sequence[str], repositories: Iterable[Path]) -> set[str] | None:
+    """The models tritonserver loads at start (None: all of the repositories).
+
+    With ``--model-control-mode explicit`` only the ``--load-model`` models load (``*``: all),
+    and loading an ensemble loads its steps.
+    """
+    from triton_embed_server.repository_gen.layout import ensembles
+    from triton_embed_server.shm.options import option_values
+
+    mode = (option_values(args, "--model-control-mode") or ["none"])[-1]
+    names = option_values(args, "--load-model")
+    if mode != "explicit" or "*" in names:
+        return None
+    loaded = set(names)
+    for repository in repositories:
+        for ensemble, steps in ensembles(Path(repository)).items():
+            if ensemble in loaded:
+                loaded.update(steps)
+    return loaded
+
+
 def check_arguments(args: Sequence[str], log: Callable[[str], None] | None = None) -> None:
     """Check the repositories of tritonserver arguments; the one call of every start path.
 
@@ -323,6 +344,9 @@ def check_arguments(args: Sequence[str], log: Callable[[str], None] | None = Non
     config_name = (option_values(args, "--model-config-name") or [""])[-1] or None
     try:
         needs = engine_needs(repositories, config_name)
+        loaded = loaded_models(args, repositories)
+        if loaded is not None:
+            needs = [n for n in needs if n.model in loaded]
         lines = describe(needs)
     except (OSError, ValueError) as exc:
         if log:

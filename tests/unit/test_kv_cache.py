@@ -304,3 +304,25 @@ def test_the_shipped_repository_fits_this_host():
     assert [(n.model, n.kv_cache_bytes) for n in needs] == [("embedder", 0), ("embedder", 0)]
     assert needs[0].weight_bytes == (MODEL_PATH / "model.safetensors").stat().st_size
     node_memory.require_fit(needs)
+
+
+def test_only_the_models_an_explicit_start_loads_are_counted(tmp_path):
+    model = decoder_folder(tmp_path / "qwen")
+    repo = repository_of(tmp_path, {"a_embedder": (model, 1), "b_embedder": (model, 1)})
+    (repo / "a").mkdir()
+    (repo / "a" / "config.pbtxt").write_text(
+        'name: "a"\nplatform: "ensemble"\nensemble_scheduling { step [ '
+        '{ model_name: "a_tokenizer" model_version: -1 }, '
+        '{ model_name: "a_embedder" model_version: -1 } ] }\n'
+    )
+    explicit = ["--model-repository", str(repo), "--model-control-mode", "explicit"]
+    assert node_memory.loaded_models(["--model-repository", str(repo)], [repo]) is None
+    assert node_memory.loaded_models([*explicit, "--load-model", "*"], [repo]) is None
+    assert node_memory.loaded_models([*explicit, "--load-model", "a"], [repo]) == {
+        "a",
+        "a_tokenizer",
+        "a_embedder",
+    }
+    assert node_memory.loaded_models([*explicit, "--load-model=b_embedder"], [repo]) == {
+        "b_embedder"
+    }

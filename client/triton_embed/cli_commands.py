@@ -416,6 +416,8 @@ def run_repository(args: argparse.Namespace) -> None:
             f"{verb} {args.name!r} in {args.repository}: {_names(written)}; a running server "
             f"loads it with: triton-embed repository load {args.name} --url HOST:PORT"
         )
+        for warning in gen.memory_warnings(args.repository):
+            print(f"warning: {warning}", file=sys.stderr)
 
 
 def _names(folders: list[Path]) -> str:

@@ -128,6 +128,33 @@ def _placement_mode(value: str, repository_dir: str | Path | None) -> str:
     return str(path.resolve())
 
 
+def _kv_cache_bytes(
+    p: _Params, path: Path, dtype: str, max_batched: int, max_seqs: int, max_length: int
+) -> int | None:
+    """The ``kv_cache_bytes`` parameter: None for ``auto``/empty, else the number, checked.
+
+    Raises:
+        ValueError: not ``auto`` or an integer, or below one full-length sequence's need.
+    """
+    from triton_embed_server import kv_cache
+
+    if p.str("kv_cache_bytes", "auto") == "auto":
+        return None
+    value = p.int("kv_cache_bytes", 0, minimum=0)
+    try:
+        least = kv_cache.min_kv_cache_bytes(path, dtype, max_length)
+    except ValueError:  # config.json without the sizes: vLLM itself checks the number
+        return value
+    if value < least:
+        step = kv_cache.kv_cache_bytes(path, dtype, max_batched, max_seqs, max_length)
+        raise ValueError(
+            f"parameter kv_cache_bytes={value} is less than one sequence of max_length="
+            f"{max_length} tokens needs ({least} bytes); set it to {step} (one full engine "
+            "step: triton-embed repository add writes it) or auto"
+        )
+    return value
+
+
 def _model_and_length(p: _Params, repository_dir: str | Path | None) -> tuple[Path, int]:
     path = resolve_model_path(p.str("model_path", DEFAULT_MODEL_PATH), repository_dir)
     native = model_max_length(path)
@@ -204,6 +231,9 @@ class EmbedderConfig:
             live ``instance_group`` count).
         max_num_seqs: vLLM ``max_num_seqs`` (sequences per engine step).
         max_num_batched_tokens: vLLM ``max_num_batched_tokens`` (token budget per step).
+        kv_cache_bytes: each engine's KV cache, bytes (parameter ``kv_cache_bytes``; vLLM
+            ``kv_cache_memory_bytes``); None for empty or ``auto``: :attr:`kv_cache_budget`
+            computes it. A number below one full-length sequence's need is refused.
         threads_bind: CPU backend only. ``spread`` gives instance ``i`` its own slice of the
             CPUs this process may use (``VLLM_CPU_OMP_THREADS_BIND``); ``auto`` leaves it to
             vLLM (instances can land on the same cores: see docs/placement.md).
@@ -229,6 +259,7 @@ class EmbedderConfig:
     instances_per_device: int = 1
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 16384
+    kv_cache_bytes: int | None = None
     threads_bind: str = "spread"
     engine_args: dict[str, Any] = field(default_factory=dict)
     numa_placement: str = "off"
@@ -237,6 +268,29 @@ class EmbedderConfig:
     pooling: str = ""
     normalize: str = ""
     dimensions: str = ""
+
+    @property
+    def kv_cache_budget(self) -> int:
+        """Each engine's KV cache, bytes: :attr:`kv_cache_bytes` or computed.
+
+        Computed (``auto``): what one engine step of ``max_num_batched_tokens`` /
+        ``max_num_seqs`` / ``max_length`` holds
+        (:func:`triton_embed_server.kv_cache.kv_cache_bytes`; 0 for an encoder-only model).
+
+        Raises:
+            ValueError: ``auto``, and the model's ``config.json`` does not tell the sizes.
+        """
+        if self.kv_cache_bytes is not None:
+            return self.kv_cache_bytes
+        from triton_embed_server import kv_cache
+
+        return kv_cache.kv_cache_bytes(
+            self.model_path,
+            self.dtype,
+            self.max_num_batched_tokens,
+            self.max_num_seqs,
+            self.max_length,
+        )
 
     def model_spec(self) -> ModelSpec:
         """The model's embedding spec: its folder read with this config's overrides.
@@ -272,14 +326,17 @@ class EmbedderConfig:
                 f"parameter max_num_batched_tokens={max_batched} must be >= max_length="
                 f"{max_length} (one full-length text must fit in an engine step)"
             )
+        dtype = p.choice("dtype", "float32", ("auto", "float32", "float16", "bfloat16"))
+        max_num_seqs = p.int("max_num_seqs", 256, minimum=1)
         return cls(
             model_path=path,
             max_length=max_length,
-            dtype=p.choice("dtype", "float32", ("auto", "float32", "float16", "bfloat16")),
+            dtype=dtype,
             gpu_memory_utilization=p.float("gpu_memory_utilization", 0.2, 0.0, 1.0),
             instances_per_device=per_device,
-            max_num_seqs=p.int("max_num_seqs", 256, minimum=1),
+            max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_batched,
+            kv_cache_bytes=_kv_cache_bytes(p, path, dtype, max_batched, max_num_seqs, max_length),
             threads_bind=p.choice("threads_bind", "spread", ("spread", "auto")),
             engine_args=p.json_object("engine_args"),
             numa_placement=_placement_mode(p.str("numa_placement", "off"), repository_dir),
@@ -299,6 +356,7 @@ class EmbedderConfig:
             "gpu_memory_utilization": self.gpu_memory_utilization / self.instances_per_device,
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,
+            "kv_cache_memory_bytes": self.kv_cache_budget,
             "skip_tokenizer_init": False,
         }
         kwargs.update(self.engine_args)

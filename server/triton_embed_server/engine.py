@@ -9,13 +9,16 @@ vectors *un-normalized* (``PoolingParams(use_activation=False)``) and
 whose pooling leaves the prompt out (``include_prompt: false``) is built for per-token
 output instead (``PoolerConfig(task="token_embed")``: one vLLM engine serves one pooling
 task) and pooled here, with the prompt's tokens masked as sentence-transformers masks them.
-The
+Each
+engine's KV cache is the ``kv_cache_bytes`` of its config (:mod:`triton_embed_server.kv_cache`),
+passed as ``kv_cache_memory_bytes``, never a share of the host's RAM. The
 inputs are checked before they get here (:mod:`triton_embed_server.token_ids`), and the
 instance is placed before vLLM is imported (:mod:`triton_embed_server.placement`).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -23,6 +26,10 @@ import numpy as np
 from triton_embed_server.config import EmbedderConfig
 from triton_embed_server.errors import EngineError
 from triton_embed_server.vectors import pool_tokens
+
+#: vLLM's legacy whole-GiB KV-cache size of the CPU backend; it overrides
+#: ``kv_cache_memory_bytes`` (:mod:`triton_embed_server.kv_cache`), so it must be unset.
+LEGACY_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
 
 
 class PoolingEngine:
@@ -35,6 +42,13 @@ class PoolingEngine:
         self.config = config
         self.spec = config.model_spec()
         kwargs = config.llm_kwargs()
+        legacy = os.environ.get(LEGACY_KV_ENV, "")
+        if legacy:  # vllm/platforms/cpu.py: it would replace kv_cache_memory_bytes silently
+            raise EngineError(
+                f"{LEGACY_KV_ENV}={legacy[:20]!r} is set and would override the embedder's "
+                f"kv_cache_bytes parameter ({kwargs.get('kv_cache_memory_bytes')} bytes); "
+                "unset it and set kv_cache_bytes in the model config instead"
+            )
         self.per_token = not self.spec.prompting.include_prompt
         pooler = (
             PoolerConfig(task="token_embed")

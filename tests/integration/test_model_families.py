@@ -45,8 +45,6 @@ from tests.model_factory import (
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CLI = [sys.executable, "-m", "triton_embed.cli"]
-# Each of the five vLLM engines reserves this fraction of host RAM (vLLM's CPU backend).
-MEMORY_FRACTION = "0.04"
 LONG = " ".join(fortune_texts(40, seed=3, max_chars=150))  # ~1,200 tokens
 
 
@@ -61,10 +59,9 @@ def add(repo: Path, name: str, model: str, *extra: str) -> None:
     cli("repository", "add", "--repository", str(repo), "--model", model, "--name", name,
         "--instances", "1", *extra)  # fmt: skip
     embedder = "embedder" if name == "embed" else f"{name}_embedder"
-    edit_config(
-        repo / embedder / "config.pbtxt",
-        parameters={"gpu_memory_utilization": MEMORY_FRACTION, "threads_bind": "auto"},
-    )
+    # The KV cache is the kv_cache_bytes repository add wrote (no share of the NUMA node's RAM:
+    # the shipped gpu_memory_utilization stays, unused on the CPU backend).
+    edit_config(repo / embedder / "config.pbtxt", parameters={"threads_bind": "auto"})
 
 
 @pytest.fixture(scope="module")

@@ -32,6 +32,7 @@ from triton_embed.admin import check_key
 from triton_embed_server.instance_group import read_config_pbtxt
 from triton_embed_server.shm.sizing import MIB, model_config_path, plan_repository
 
+from tests.helpers import MODEL_PATH
 from tests.unit.chart_helpers import (
     CHART,
     CRDS,
@@ -217,19 +218,25 @@ def test_triton_pod_resources_are_the_values(value_set):
 
 
 @pytest.mark.parametrize("value_set", SETS)
-def test_cpu_pods_give_vllm_an_explicit_kv_cache_within_the_pod(value_set):
-    # vLLM's CPU backend otherwise reserves gpu_memory_utilization of the NUMA node's RAM,
-    # whatever the pod's memory limit.
+def test_cpu_pods_engines_fit_the_pod_with_the_configs_kv_cache(value_set):
+    # The KV cache is each embedder config's kv_cache_bytes (triton_embed_server.kv_cache);
+    # VLLM_CPU_KVCACHE_SPACE would override it and the engine refuses to start with it set.
+    from triton_embed_server.node_memory import ENGINE_BASE_BYTES, weight_bytes
+    from triton_embed_server.repository import MODEL_REPOSITORY
+
     v = values(value_set)["triton"]
     spec = triton_pod(render(value_set))
     env = {e["name"]: e.get("value") for e in container(spec, "triton")["env"]}
+    assert "VLLM_CPU_KVCACHE_SPACE" not in env
     if v["gpusPerPod"]:
-        assert "VLLM_CPU_KVCACHE_SPACE" not in env
         return
-    kv_bytes = v["instancesPerGpu"] * int(env["VLLM_CPU_KVCACHE_SPACE"]) * 2**30
+    params = read_config_pbtxt(MODEL_REPOSITORY / "embedder" / "config.pbtxt")["parameters"]
+    kv = int(params["kv_cache_bytes"]["string_value"])
+    weights = weight_bytes(MODEL_PATH, "float32")
+    need = v["instancesPerGpu"] * (kv + weights + ENGINE_BASE_BYTES)
     (dshm,) = [vol for vol in spec["volumes"] if vol["name"] == "dshm"]
     shm = quantity_bytes(dshm["emptyDir"]["sizeLimit"])
-    assert kv_bytes + shm < quantity_bytes(v["resources"]["memory"])
+    assert need + shm < quantity_bytes(v["resources"]["memory"])
 
 
 # ---- what runs: scripts/serve.sh on the rendered repository ---------------------------------

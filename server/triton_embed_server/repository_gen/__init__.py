@@ -17,14 +17,17 @@ with the defaults writes this project's ``model_repository/`` byte for byte.
   :mod:`~triton_embed_server.repository_gen.listing`: ``repository remove`` and ``list``.
 """
 
-from triton_embed_server.repository_gen.add import add_model
+from triton_embed_server.repository_gen.add import add_model, memory_warnings
 from triton_embed_server.repository_gen.listing import ListedModel, format_table, list_models
 from triton_embed_server.repository_gen.names import (
     LEGACY_NAME,
     MAX_NAME_CHARS,
+    MAX_SERVED_NAME_CHARS,
     NAME_PATTERN,
+    SERVED_NAME_PATTERN,
     RepositoryError,
     check_name,
+    check_served_model_name,
     step_names,
 )
 from triton_embed_server.repository_gen.remove import removable, remove_model
@@ -43,15 +46,19 @@ __all__ = [
     "DEVICES",
     "LEGACY_NAME",
     "MAX_NAME_CHARS",
+    "MAX_SERVED_NAME_CHARS",
     "NAME_PATTERN",
+    "SERVED_NAME_PATTERN",
     "TEMPLATES",
     "ListedModel",
     "ModelOptions",
     "RepositoryError",
     "add_model",
     "check_name",
+    "check_served_model_name",
     "format_table",
     "list_models",
+    "memory_warnings",
     "removable",
     "remove_model",
     "render",

@@ -16,12 +16,17 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from triton_embed_server.config import MIN_MAX_LENGTH
+from triton_embed_server.config import MIN_MAX_LENGTH, EmbedderConfig
 from triton_embed_server.model_files import PACKAGE_SCHEME, resolve_model_path
 from triton_embed_server.model_spec import ModelFolderError, Pooling, read_model_spec
 from triton_embed_server.repository import precompile
 from triton_embed_server.repository_gen.layout import TEMP_PREFIX, step_users
-from triton_embed_server.repository_gen.names import RepositoryError, check_name, step_names
+from triton_embed_server.repository_gen.names import (
+    RepositoryError,
+    check_name,
+    check_served_model_name,
+    step_names,
+)
 from triton_embed_server.repository_gen.remove import removable
 from triton_embed_server.repository_gen.render import DEVICES, ModelOptions, render
 
@@ -45,6 +50,8 @@ def add_model(repository: Path, options: ModelOptions, replace: bool = False) ->
     """
     repository = Path(repository)
     name = check_name(options.name)
+    if options.served_model_name:
+        check_served_model_name(options.served_model_name)
     if options.device not in DEVICES:
         raise RepositoryError(f"--device {options.device!r} is not one of {', '.join(DEVICES)}")
     for flag, value, low in (
@@ -92,6 +99,7 @@ def add_model(repository: Path, options: ModelOptions, replace: bool = False) ->
         served_model_name=options.served_model_name or _served_name(folder),
         dimension=spec.dimension,
         resolved_max_length=options.max_length or spec.max_length,
+        kv_cache_bytes=_kv_cache_bytes,
     )
     tokenizer, embedder = step_names(name)
     replaced = _check_free(repository, name, replace)
@@ -100,6 +108,44 @@ def add_model(repository: Path, options: ModelOptions, replace: bool = False) ->
     for step in (tokenizer, embedder):
         precompile(repository / step)
     return [repository / name, repository / tokenizer, repository / embedder]
+
+
+def memory_warnings(repository: Path) -> list[str]:
+    """Why the repository's CPU engines would not fit their NUMA nodes now, one line a node.
+
+    The same need and the same node memory as the check before the server starts
+    (:mod:`triton_embed_server.node_memory`); ``repository add`` prints them as warnings
+    (the model is written: the server may start on another host). A server of this
+    repository that runs now already holds its engines' share of the node's memory.
+
+    Returns:
+        Empty when every node has room (or the repository has no CPU engines).
+    """
+    from triton_embed_server import node_memory
+
+    try:
+        needs = node_memory.engine_needs([Path(repository)])
+        short = node_memory.shortfalls(needs)
+    except (OSError, ValueError) as exc:
+        return [f"the engines' memory was not checked: {exc}"]
+    return [node_memory.too_small_message(mem, ns) for mem, ns in short]
+
+
+def _kv_cache_bytes(config_text: str) -> int:
+    """The KV-cache budget the server computes for a rendered embedder config (``auto``).
+
+    Raises:
+        RepositoryError: the model folder's ``config.json`` does not tell the KV sizes.
+    """
+    from google.protobuf import json_format, text_format
+    from tritonclient.grpc import model_config_pb2
+
+    message = text_format.Parse(config_text, model_config_pb2.ModelConfig())
+    config = json_format.MessageToDict(message, preserving_proto_field_name=True)
+    try:
+        return EmbedderConfig.from_model_config(config).kv_cache_budget
+    except ValueError as exc:
+        raise RepositoryError(f"kv_cache_bytes: {exc}") from None
 
 
 # The Hugging Face ids of models this project ships as Python packages (pkg://...): their

@@ -2,15 +2,17 @@
 
 The templates (``triton_embed_server/templates/``) are the shipped ``model_repository/``
 files with :mod:`string.Template` placeholders for what differs between models: the model
-names, ``model_path`` and ``max_length`` (both steps), the embedder's instance count and its
-``pooling`` / ``normalize`` / ``dimensions``, the tokenizer's ``max_chunks``, and the step kind
-in ``model.py``. The shipped files stay the source of the text: a unit test renders ``embed``
-with the defaults and compares it with them byte for byte (tests/unit/test_repository_gen.py).
+names, ``model_path`` and ``max_length`` (both steps), the embedder's instance count, its
+``pooling`` / ``normalize`` / ``dimensions`` and ``kv_cache_bytes``, the tokenizer's
+``max_chunks``, and the step kind in ``model.py``. The shipped files stay the source of the
+text: a unit test renders ``embed`` with the defaults and compares it with them byte for
+byte (tests/unit/test_repository_gen.py).
 """
 
 from __future__ import annotations
 
 import string
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 
@@ -81,6 +83,7 @@ def render(
     served_model_name: str = "",
     dimension: int = 0,
     resolved_max_length: int = 0,
+    kv_cache_bytes: Callable[[str], int] | None = None,
 ) -> dict[str, bytes]:
     """The files of the three models, without checking anything.
 
@@ -93,6 +96,8 @@ def render(
         served_model_name: the ensemble's ``served_model_name`` parameter.
         dimension: the full vector length (the ensemble's ``dimension`` parameter).
         resolved_max_length: the token budget in force (the ensemble's ``max_length``).
+        kv_cache_bytes: the embedder's ``kv_cache_bytes`` parameter from its config text
+            rendered with ``auto`` (the limits are the template's); None: ``auto`` is written.
 
     Returns:
         ``{path relative to the repository root, "/"-separated: UTF-8 bytes}``.
@@ -122,16 +127,21 @@ def render(
         f"{tokenizer}/1/model.py": _template("model.py.tmpl").substitute(step="tokenizer"),
         f"{embedder}/1/model.py": _template("model.py.tmpl").substitute(step="embedder"),
     }
+
+    def embedder_config(template: string.Template, **values: object) -> str:
+        text = template.substitute(common, kv_cache_bytes="auto", **values)
+        if kv_cache_bytes is None:
+            return text
+        return template.substitute(common, kv_cache_bytes=str(kv_cache_bytes(text)), **values)
+
     if options.device == "gpu":
         header = _GPU_ONLY_HEADER.format(name=name)
-        files[f"{embedder}/config.pbtxt"] = gpu.substitute(
-            common, instances=instances, header=header
-        )
+        files[f"{embedder}/config.pbtxt"] = embedder_config(gpu, instances=instances, header=header)
     else:
-        files[f"{embedder}/config.pbtxt"] = _template("embedder_cpu.pbtxt").substitute(
-            common, instances=instances
+        files[f"{embedder}/config.pbtxt"] = embedder_config(
+            _template("embedder_cpu.pbtxt"), instances=instances
         )
-        files[f"{embedder}/configs/gpu.pbtxt"] = gpu.substitute(
-            common, instances=DEFAULT_INSTANCES["gpu"], header=_GPU_VARIANT_HEADER
+        files[f"{embedder}/configs/gpu.pbtxt"] = embedder_config(
+            gpu, instances=DEFAULT_INSTANCES["gpu"], header=_GPU_VARIANT_HEADER
         )
     return {path: text.encode("utf-8") for path, text in sorted(files.items())}

@@ -79,6 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     except shm.SharedMemoryError as exc:
         log(f"error: {exc}")
         return shm.EXIT_TOO_SMALL
+    from triton_embed_server import node_memory
+
+    try:  # every CPU engine fits its NUMA node's memory (KV cache, weights, process)
+        node_memory.check_arguments(server_args, log=log)
+    except node_memory.NodeMemoryError as exc:
+        log(f"error: {exc}")
+        return node_memory.EXIT_TOO_SMALL
     command = [opts.tritonserver, *server_arguments(server_args)]
     policy = RestartPolicy(
         opts.max_restarts, opts.restart_window_s, opts.restart_backoff_s, opts.restart_backoff_max_s

@@ -316,7 +316,9 @@ def test_a_body_over_the_limit_is_413_by_content_length_and_by_its_stream():
         for i in range(0, len(body), 100):
             yield body[i : i + 100]
 
-    r = c.post("/v1/embeddings", content=chunks(), headers=JSON_HEADERS)  # chunked: no Content-Length
+    r = c.post(
+        "/v1/embeddings", content=chunks(), headers=JSON_HEADERS
+    )  # chunked: no Content-Length
     assert r.status_code == 413
     assert r.json()["error"]["message"].startswith("the request body is over 1048 bytes;")
     assert pool.calls == []

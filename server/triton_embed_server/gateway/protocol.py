@@ -142,7 +142,8 @@ def configure(header_timeout_s: float, on_refused: Callable[[int], None] | None 
     if not header_timeout_s > 0:
         raise ValueError(f"header_timeout_s must be > 0, got {header_timeout_s}")
     HeaderLimits.header_timeout_s = header_timeout_s
-    HeaderLimits.on_refused = on_refused
+    # A plain function stored on the class would be bound to each protocol object.
+    HeaderLimits.on_refused = None if on_refused is None else staticmethod(on_refused)  # type: ignore[assignment]
 
 
 class H11Protocol(HeaderLimits, _H11Protocol):

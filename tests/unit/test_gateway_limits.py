@@ -29,6 +29,7 @@ from triton_embed_server.gateway.errors import quote
 from triton_embed_server.gateway.metrics import GatewayMetrics
 from triton_embed_server.gateway.settings import DEFAULT_MAX_BODY_BYTES, GatewaySettings
 from triton_embed_server.launcher import free_port
+from tritonclient.utils import InferenceServerException
 
 from tests.unit.test_gateway_app import JSON_HEADERS, MODEL, FakeUpstreamPool, make_client, post
 
@@ -350,6 +351,49 @@ def test_a_client_that_leaves_cancels_its_pieces_starts_no_more_and_counts_499(c
     assert b'status="499"' in text and b'status="500"' not in text
     assert "the client disconnected before its answer; counted as 499" in caplog.text
     assert "Traceback" not in caplog.text
+
+
+def test_a_client_that_disconnects_mid_upload_is_499_without_a_traceback(caplog):
+    pool = CountingPool()
+    metrics = GatewayMetrics()
+    gateway = Gateway(GatewaySettings(upstreams=("127.0.0.1:1",)), pool, metrics, None)
+    app = build_app(gateway)
+    messages = [
+        {"type": "http.request", "body": b'{"model": "embed", "input": ["a', "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+    sent = []
+
+    async def receive():
+        return messages.pop(0)
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": "/embed", "raw_path": b"/embed", "query_string": b"",
+        "root_path": "", "headers": [(b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
+    }  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="triton_embed.gateway"):
+        asyncio.run(app(scope, receive, send))
+    assert pool.calls == [] and gateway.in_flight == 0
+    text, _ = metrics.render()
+    assert b'route="/embed",status="499"' in text and b'status="500"' not in text
+    assert "the client disconnected after 31 bytes of its body; counted as 499" in caplog.text
+    assert "Traceback" not in caplog.text
+
+
+def test_a_servers_long_message_is_cut():
+    c, pool, _ = make_client()
+    pool.fail = InferenceServerException(
+        msg="in ensemble 'embed', prompt " + "q" * 100_000 + " unknown",
+        status="StatusCode.INVALID_ARGUMENT",
+    )
+    r = post(c, "/v1/embeddings", {"model": "embed", "input": "x"})
+    assert r.status_code == 400
+    assert message(r).endswith("... (100036 characters)") and len(message(r)) < 1100
 
 
 def test_a_client_that_stays_gets_its_answer_with_the_watcher_running():

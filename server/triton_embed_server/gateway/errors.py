@@ -261,10 +261,21 @@ def upstream_status(exc: BaseException) -> str:
     return str(status or "").rsplit(".", 1)[-1]
 
 
+#: Characters of a server's message carried into an answer; the rest is cut (a server that
+#: quotes a whole 100,000-character value must not make the gateway repeat it).
+MAX_UPSTREAM_MESSAGE_CHARS = 1000
+
+
 def upstream_message(exc: BaseException) -> str:
-    """The server's message of a ``tritonclient`` error (``str(exc)`` for anything else)."""
+    """The server's message of a ``tritonclient`` error (``str(exc)`` for anything else).
+
+    At most :data:`MAX_UPSTREAM_MESSAGE_CHARS` characters, then how long it was.
+    """
     message = exc.message() if callable(getattr(exc, "message", None)) else None
-    return str(message if message is not None else exc)
+    text = str(message if message is not None else exc)
+    if len(text) > MAX_UPSTREAM_MESSAGE_CHARS:
+        return f"{text[:MAX_UPSTREAM_MESSAGE_CHARS]}... ({len(text)} characters)"
+    return text
 
 
 def is_queue_refusal(exc: BaseException) -> bool:

@@ -439,7 +439,9 @@ def test_teis_base_url_routes_embed_and_answer_health():
 
 
 @contextlib.contextmanager
-def served(max_in_flight: int, header_timeout_s: float, body_timeout_s: float):
+def served(
+    max_in_flight: int, header_timeout_s: float, body_timeout_s: float, http: type | None = None
+):
     """The gateway app (a fake upstream) behind a real uvicorn with the gateway's protocol."""
     pool = FakeUpstreamPool()
     metrics = GatewayMetrics()
@@ -456,7 +458,7 @@ def served(max_in_flight: int, header_timeout_s: float, body_timeout_s: float):
         build_app(gateway),
         host="127.0.0.1",
         port=port,
-        http=protocol.protocol_class(),
+        http=http or protocol.protocol_class(),
         loop="asyncio",
         log_level="warning",
         lifespan="off",
@@ -504,8 +506,10 @@ def read_until_closed(s: socket.socket, timeout_s: float) -> bytes:
     return data
 
 
-def test_fifty_slow_clients_hold_no_slot_and_are_closed_with_408_within_the_limits():
-    with served(max_in_flight=4, header_timeout_s=1.0, body_timeout_s=1.0) as (url, port, gw, m):
+@pytest.mark.parametrize("http", [protocol.HttpToolsProtocol, protocol.H11Protocol])
+def test_fifty_slow_clients_hold_no_slot_and_are_closed_with_408_within_the_limits(http):
+    limits = {"max_in_flight": 4, "header_timeout_s": 1.0, "body_timeout_s": 1.0, "http": http}
+    with served(**limits) as (url, port, gw, m):
         clients = slow_clients(port)
         started = time.monotonic()
         # Trickle: one more byte every 0.2 s into the trickling ones while a normal caller goes.

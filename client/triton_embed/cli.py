@@ -107,8 +107,30 @@ def add_gateway_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-body-mb",
         type=positive_float,
-        default=16.0,
-        help="largest request body, MiB; larger ones are answered 413 (default %(default)s)",
+        default=None,
+        help="largest request body, MiB; larger ones are answered 413 (default: 2,048 inputs "
+        "of the tokenizer's default character cap, 16,384 bytes, plus JSON: about 32.1 MiB)",
+    )
+    p.add_argument(
+        "--max-request-tokens",
+        type=positive_int,
+        default=131072,
+        help="tokens one embedding request may hold in all; more are answered 400 "
+        "(default %(default)s: 9-26 s of the engine on 2 cores; docs/operations.md)",
+    )
+    p.add_argument(
+        "--header-timeout-s",
+        type=positive_float,
+        default=20.0,
+        help="seconds a request's headers may take; past it 408 and the connection closes "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--body-timeout-s",
+        type=positive_float,
+        default=20.0,
+        help="seconds a request's body may take, plus 1 s per 64 KiB received; past it 408 "
+        "and the connection closes (default %(default)s)",
     )
     p.add_argument(
         "--max-in-flight",

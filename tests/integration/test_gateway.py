@@ -144,12 +144,13 @@ def test_langchain_openai_embeddings_equal_the_grpc_vectors(gateway, grpc):
 # ---- errors from real requests ------------------------------------------------------------
 
 
-def test_a_30_megabyte_body_is_413(gateway):
-    body = orjson.dumps({"model": "embed", "input": ["x" * 1000] * 30000})
-    assert len(body) > 30 * 10**6
-    r = httpx.post(f"{gateway.base_url}/v1/embeddings", headers=auth(), content=body, timeout=60)
+def test_a_40_megabyte_body_is_413(gateway):
+    body = orjson.dumps({"model": "embed", "input": ["x" * 1000] * 40000})
+    assert len(body) > 40 * 10**6
+    headers = {**auth(), "Content-Type": "application/json"}
+    r = httpx.post(f"{gateway.base_url}/v1/embeddings", headers=headers, content=body, timeout=60)
     assert r.status_code == 413
-    assert "the gateway accepts at most 16777216 bytes" in r.json()["error"]["message"]
+    assert "the gateway accepts at most 33632256 bytes" in r.json()["error"]["message"]
 
 
 def test_2049_inputs_are_413(openai_client):

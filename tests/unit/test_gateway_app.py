@@ -99,8 +99,12 @@ def client():
     return test_client, pool
 
 
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+
 def post(client, path, body, **kwargs):
-    return client.post(path, content=orjson.dumps(body), **kwargs)
+    headers = {**JSON_HEADERS, **kwargs.pop("headers", {})}
+    return client.post(path, content=orjson.dumps(body), headers=headers, **kwargs)
 
 
 # ---- /v1/embeddings -----------------------------------------------------------------------
@@ -216,7 +220,7 @@ BAD_REQUESTS = [
     ),
     (
         {"model": "embed", "input": [[1], [True]]},
-        "input[1][0] is True; a token ID is a whole number from 0 to 2147483647",
+        "input[1][0] is true; a token ID is a whole number from 0 to 2147483647",
     ),
     (
         {"model": "embed", "input": [1.5]},
@@ -233,15 +237,16 @@ BAD_REQUESTS = [
     ),
     (
         {"model": "embed", "input": "x", "truncate": "middle"},
-        "truncate='middle' is not one of NONE, END, START, CHUNK",
+        "'truncate' must be one of NONE, END, START, CHUNK; got 'middle'",
     ),
     (
         {"model": "embed", "input": "x", "dimensions": 0},
-        "dimensions=0 must be a whole number >= 1",
+        "'dimensions' must be a whole number from 1 to 2147483647 (one of the model's "
+        "dimensions; GET /v1/models lists its full dimension); got 0",
     ),
     (
         {"model": "embed", "input": "x", "input_type": ""},
-        "input_type='' must be a prompt name such as query or document",
+        "'input_type' must be a prompt name of the model such as query or document; got ''",
     ),
     (
         {"model": "embed", "input": [1, 2], "input_type": "query"},
@@ -270,10 +275,10 @@ def test_bad_openai_requests_are_400_with_their_message(client, body, message):
 
 def test_malformed_json_is_400(client):
     c, _ = client
-    r = c.post("/v1/embeddings", content=b'{"model": "embed", "input": ')
+    r = c.post("/v1/embeddings", content=b'{"model": "embed", "input": ', headers=JSON_HEADERS)
     assert r.status_code == 400
     assert r.json()["error"]["message"].startswith("the request body is not valid JSON: ")
-    r = c.post("/v1/embeddings", content=b"")
+    r = c.post("/v1/embeddings", content=b"", headers=JSON_HEADERS)
     assert r.status_code == 400
     assert r.json()["error"]["message"] == "the request body is empty; send a JSON object"
 
@@ -300,7 +305,7 @@ def test_2048_inputs_are_served_and_2049_are_413(client):
 def test_a_body_over_the_limit_is_413_by_content_length_and_by_its_stream():
     c, pool, _ = make_client(max_body_mb=0.001)  # 1048 bytes
     body = orjson.dumps({"model": "embed", "input": ["x" * 2000]})
-    r = c.post("/v1/embeddings", content=body)
+    r = c.post("/v1/embeddings", content=body, headers=JSON_HEADERS)
     assert r.status_code == 413
     assert r.json()["error"]["message"] == (
         f"the request body is {len(body)} bytes (Content-Length); the gateway accepts at most "
@@ -311,7 +316,9 @@ def test_a_body_over_the_limit_is_413_by_content_length_and_by_its_stream():
         for i in range(0, len(body), 100):
             yield body[i : i + 100]
 
-    r = c.post("/v1/embeddings", content=chunks())  # chunked: no Content-Length
+    r = c.post(
+        "/v1/embeddings", content=chunks(), headers=JSON_HEADERS
+    )  # chunked: no Content-Length
     assert r.status_code == 413
     assert r.json()["error"]["message"].startswith("the request body is over 1048 bytes;")
     assert pool.calls == []

@@ -57,3 +57,27 @@ def test_an_unreadable_key_file_stops_the_gateway_before_it_listens(tmp_path, ca
     missing = tmp_path / "missing"
     assert command.main(["--upstream", "127.0.0.1:1", "--api-key-file", str(missing)]) == 1
     assert str(missing) in capsys.readouterr().err
+
+
+def test_the_limit_flags_reach_the_settings_and_their_defaults_are_the_stated_ones():
+    from triton_embed_server.gateway.settings import (
+        DEFAULT_MAX_BODY_BYTES,
+        DEFAULT_MAX_REQUEST_TOKENS,
+    )
+
+    defaults = GatewaySettings.from_args(
+        build_parser().parse_args(["gateway", "--upstream", "127.0.0.1:8001"])
+    )
+    assert defaults.max_body_bytes == DEFAULT_MAX_BODY_BYTES == 33_632_256
+    assert defaults.max_request_tokens == DEFAULT_MAX_REQUEST_TOKENS == 131_072
+    assert (defaults.header_timeout_s, defaults.body_timeout_s) == (20.0, 20.0)
+    args = build_parser().parse_args(
+        ["gateway", "--upstream", "127.0.0.1:8001", "--max-request-tokens", "1000",
+         "--header-timeout-s", "2.5", "--body-timeout-s", "3"]
+    )  # fmt: skip
+    settings = GatewaySettings.from_args(args)
+    assert (settings.max_request_tokens, settings.header_timeout_s) == (1000, 2.5)
+    assert settings.body_timeout_s == 3.0
+    assert GatewaySettings.from_json(settings.to_json()) == settings
+    with pytest.raises(ValueError, match=r"header_timeout_s=0: each must be > 0"):
+        GatewaySettings(upstreams=("127.0.0.1:8001",), header_timeout_s=0)

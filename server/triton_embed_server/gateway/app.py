@@ -2,14 +2,24 @@
 
 Every route's handler is wrapped by :meth:`Gateway.endpoint`, in this order:
 
-1. the API key (:mod:`~triton_embed_server.gateway.auth`), except on ``/health`` and
+1. the API key (:mod:`~triton_embed_server.gateway.auth`), except on the health routes and
    ``/metrics``;
-2. the in-flight bound: with ``--max-in-flight`` requests already in the gateway, 429 with
-   ``Retry-After`` at once (``/health``, ``/metrics`` and ``/info`` are not counted);
-3. the handler;
-4. its errors rendered in the route's API envelope (:mod:`~triton_embed_server.gateway.errors`);
+2. a ``POST`` route's body: declared JSON (415), within ``--max-body-mb`` (413), within
+   its read timeout (408, connection closed), nested at most 128 levels (400), parsed
+   (:mod:`~triton_embed_server.gateway.body`); the headers' own timeout is the protocol's
+   (:mod:`~triton_embed_server.gateway.protocol`). Only then:
+3. the in-flight bound: with ``--max-in-flight`` requests already in the gateway, 429 with
+   ``Retry-After`` at once (the health routes, ``/metrics`` and ``/info`` are not counted),
+   so a slow or stalled upload never holds a slot;
+4. the handler, within the request's deadline (``--timeout-s``: past it its upstream calls
+   are cancelled and the answer is 504) and only while its client is there: a client that
+   disconnects cancels the handler and its upstream calls (no piece is started after);
+5. its errors rendered in the route's API envelope (:mod:`~triton_embed_server.gateway.errors`);
    any other exception is logged with its traceback and answered 500 with a short message;
-5. the request counted in the metrics (:mod:`~triton_embed_server.gateway.metrics`).
+   a client that went away (while its body was read or while it was served) is logged in
+   one line, without a traceback, and counted as status 499 (nginx's "client closed
+   request"), never as a 5xx;
+6. the request counted in the metrics (:mod:`~triton_embed_server.gateway.metrics`).
 
 ==========================  ======  =====================================================
 route                       API     handler
@@ -20,18 +30,23 @@ route                       API     handler
 ``POST /tokenize``          TEI     :func:`~triton_embed_server.gateway.tei_api.tokenize`
 ``GET /info``               TEI     :func:`~triton_embed_server.gateway.tei_api.info`
 ``GET /health``             TEI     :func:`~triton_embed_server.gateway.tei_api.health`
+``POST /``                  TEI     :func:`~triton_embed_server.gateway.tei_api.embed`
+``POST /invocations``       TEI     :func:`~triton_embed_server.gateway.tei_api.embed`
+``GET /``, ``GET /ping``    TEI     :func:`~triton_embed_server.gateway.tei_api.health`
 ``GET /metrics``            (none)  Prometheus text format
 ==========================  ======  =====================================================
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from starlette.applications import Starlette
@@ -39,19 +54,26 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from triton_embed.options import TRUNCATION, Truncation
 
-from triton_embed_server.gateway import openai_api, tei_api
+from triton_embed_server.gateway import openai_api, protocol, tei_api
 from triton_embed_server.gateway.auth import ApiKeyCheck
+from triton_embed_server.gateway.body import read_json_body
 from triton_embed_server.gateway.catalog import ModelInfo
 from triton_embed_server.gateway.errors import (
+    CLIENT_CLOSED_REQUEST,
+    QUOTE_CHARS,
+    ClientGone,
     GatewayError,
     Internal,
     MethodNotAllowed,
     NotFound,
     Overloaded,
+    Timeout,
     Unavailable,
+    quote,
 )
-from triton_embed_server.gateway.inference import Pool
+from triton_embed_server.gateway.inference import Pool, TokenBudget
 from triton_embed_server.gateway.merging import Merger
 from triton_embed_server.gateway.metrics import GatewayMetrics
 from triton_embed_server.gateway.settings import GatewaySettings
@@ -69,9 +91,15 @@ Handler = Callable[["Gateway", Request, "RequestState"], Awaitable[Response]]
 
 @dataclass
 class RequestState:
-    """What a handler learns that the metrics need: the model the request resolved to."""
+    """A request's state across its wrapper and its handler.
+
+    Attributes:
+        model: the model the request resolved to (for the metrics).
+        body: a ``POST`` route's body, parsed JSON (read before the handler runs).
+    """
 
     model: str = ""
+    body: Any = None
 
 
 class Gateway:
@@ -97,6 +125,9 @@ class Gateway:
         self.merger = Merger(pool, settings.merge_in_flight, metrics)
         self.auth = ApiKeyCheck(api_key)
         self.max_body_bytes = settings.max_body_bytes
+        self.body_timeout_s = settings.body_timeout_s
+        self.deadline_s = settings.timeout_s
+        self.max_request_tokens = settings.max_request_tokens
         self.max_in_flight = settings.max_in_flight
         self.default_model = settings.default_model
         self.started_at = int(time.time())
@@ -120,14 +151,35 @@ class Gateway:
         self.require_ready()
         names = ", ".join(self.pool.catalog.names()) or "none"
         raise NotFound(
-            f"the model {name!r} does not exist; the models are: {names} (GET /v1/models)",
+            f"the model {quote(name)} does not exist; the models are: {names} (GET /v1/models)",
             param="model",
         )
 
+    def token_budget(self, model: ModelInfo, parameters: dict[str, Any], field: str) -> TokenBudget:
+        """The token budget of one embedding request to ``model`` (``--max-request-tokens``).
+
+        Args:
+            model: the ensemble.
+            parameters: the request parameters (``truncation=CHUNK`` lets a text have
+                ``max_chunks`` windows of ``max_length`` tokens).
+            field: the request field of the inputs, for the message.
+        """
+        per_text = model.max_length
+        if per_text is not None and parameters.get(TRUNCATION) == Truncation.CHUNK.value:
+            per_text *= model.max_chunks
+        return TokenBudget(self.max_request_tokens, per_text, field)
+
     def endpoint(
-        self, route: str, api: str, handler: Handler, *, public: bool = False, counted: bool = True
+        self,
+        route: str,
+        api: str,
+        handler: Handler,
+        *,
+        public: bool = False,
+        counted: bool = True,
+        body: bool = False,
     ) -> Callable[[Request], Awaitable[Response]]:
-        """``handler`` behind the key check, the in-flight bound, the envelopes and metrics.
+        """``handler`` behind the key check, its body, the in-flight bound, the envelopes, metrics.
 
         Args:
             route: the path, the ``route`` label of the metrics.
@@ -135,6 +187,7 @@ class Gateway:
             handler: the route's handler.
             public: no API key needed.
             counted: counts against ``--max-in-flight``.
+            body: the route takes a JSON body (read into ``state.body`` first).
         """
 
         async def run(request: Request) -> Response:
@@ -144,6 +197,10 @@ class Gateway:
             try:
                 if not public:
                     self.auth.check(request.headers.get("authorization"))
+                if body:
+                    state.body = await read_json_body(
+                        request, self.max_body_bytes, self.body_timeout_s
+                    )
                 if counted:
                     if self.in_flight >= self.max_in_flight:
                         raise Overloaded(
@@ -153,11 +210,15 @@ class Gateway:
                     self.in_flight += 1
                     entered = True
                     self.metrics.in_flight.inc()
-                response = await handler(self, request, state)
+                response = await self._serve(handler, request, state, watch=body)
             except GatewayError as error:
                 if error.status >= 500:
                     log.warning("%s %s: %d %s", request.method, route, error.status, error)
                 response = error_response(error, api)
+            except ClientGone as gone:
+                log.info("%s %s: %s; counted as %d", request.method, route, gone,
+                         CLIENT_CLOSED_REQUEST)  # fmt: skip
+                response = Response(b"", status_code=CLIENT_CLOSED_REQUEST)  # nobody reads it
             except Exception:
                 log.exception("%s %s failed", request.method, route)
                 response = error_response(
@@ -174,6 +235,48 @@ class Gateway:
 
         return run
 
+    async def _serve(
+        self, handler: Handler, request: Request, state: RequestState, *, watch: bool
+    ) -> Response:
+        """Run ``handler`` within the request's deadline, and only while its client is there.
+
+        With ``watch`` (the body has been read, so the next ASGI message is the client's
+        ``http.disconnect``), a watcher cancels this task when the client disconnects: the
+        cancellation reaches the upstream calls in flight
+        (:func:`~triton_embed_server.gateway.inference._each_piece`).
+
+        Raises:
+            ClientGone: the client disconnected.
+            Timeout: the deadline passed (the upstream calls were cancelled).
+        """
+        task = asyncio.current_task()
+        gone = False
+
+        async def watch_client() -> None:
+            nonlocal gone
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            gone = True
+            if task is not None:
+                task.cancel()
+
+        watcher = asyncio.create_task(watch_client()) if watch else None
+        try:
+            async with asyncio.timeout(self.deadline_s):
+                return await handler(self, request, state)
+        except asyncio.CancelledError:
+            if gone and task is not None and task.uncancel() == 0:
+                raise ClientGone("the client disconnected before its answer") from None
+            raise
+        except TimeoutError:
+            raise Timeout(
+                f"the request did not finish within {self.deadline_s:g} s (--timeout-s); its "
+                "upstream calls were cancelled; send fewer inputs per request, or retry later"
+            ) from None
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+
 
 def error_response(error: GatewayError, api: str) -> Response:
     """``error`` as a response in the envelope of ``api``."""
@@ -189,13 +292,15 @@ def error_response(error: GatewayError, api: str) -> Response:
 async def _no_route(request: Request, exc: HTTPException) -> Response:
     """An unknown path (404) or method (405), in the envelope its path suggests."""
     path = request.url.path
+    path = path if len(path) <= QUOTE_CHARS else quote(path)
     api = OPENAI if path.startswith("/v1/") else TEI
     if exc.status_code == 405:
         error: GatewayError = MethodNotAllowed(f"{path} does not take {request.method}")
     else:
         error = NotFound(
             f"no route {request.method} {path}; the routes are POST /v1/embeddings, GET "
-            "/v1/models, POST /embed, POST /tokenize, GET /info, GET /health, GET /metrics",
+            "/v1/models, POST /embed, POST /tokenize, GET /info, GET /health, GET /metrics "
+            "(and TEI's POST /, POST /invocations, GET /, GET /ping)",
             code="unknown_route",
         )
     response = error_response(error, api)
@@ -214,21 +319,24 @@ def build_app(gateway: Gateway, *, lifespan: Callable | None = None) -> Starlett
     e = gateway.endpoint
     routes = [
         Route(
-            "/v1/embeddings", e("/v1/embeddings", OPENAI, openai_api.embeddings), methods=["POST"]
-        ),  # noqa: E501
+            "/v1/embeddings",
+            e("/v1/embeddings", OPENAI, openai_api.embeddings, body=True),
+            methods=["POST"],
+        ),
         Route("/v1/models", e("/v1/models", OPENAI, openai_api.models), methods=["GET"]),
-        Route("/embed", e("/embed", TEI, tei_api.embed), methods=["POST"]),
-        Route("/tokenize", e("/tokenize", TEI, tei_api.tokenize), methods=["POST"]),
+        Route("/embed", e("/embed", TEI, tei_api.embed, body=True), methods=["POST"]),
+        Route("/tokenize", e("/tokenize", TEI, tei_api.tokenize, body=True), methods=["POST"]),
         Route("/info", e("/info", TEI, tei_api.info, counted=False), methods=["GET"]),
-        Route(
-            "/health",
-            e("/health", TEI, tei_api.health, public=True, counted=False),
-            methods=["GET"],
-        ),
-        Route(
-            "/metrics", e("/metrics", TEI, _metrics, public=True, counted=False), methods=["GET"]
-        ),
+        # TEI's base-URL routes: POST / and /invocations embed, GET / and /ping are health.
+        Route("/", e("/", TEI, tei_api.embed, body=True), methods=["POST"]),
+        Route("/invocations", e("/invocations", TEI, tei_api.embed, body=True), methods=["POST"]),
     ]
+    for path in ("/health", "/", "/ping"):
+        health = e(path, TEI, tei_api.health, public=True, counted=False)
+        routes.append(Route(path, health, methods=["GET"]))
+    routes.append(
+        Route("/metrics", e("/metrics", TEI, _metrics, public=True, counted=False), methods=["GET"])
+    )
     return Starlette(
         routes=routes,
         lifespan=lifespan,
@@ -253,6 +361,12 @@ def create_app(settings: GatewaySettings) -> Starlette:
         metrics=metrics,
     )
     gateway = Gateway(settings, pool, metrics, settings.api_key())
+    protocol.configure(
+        settings.header_timeout_s,
+        on_refused=lambda status: metrics.observe(
+            "", "", status, settings.header_timeout_s if status == 408 else 0.0
+        ),
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -118,6 +118,10 @@ class ModelInfo:
         normalize: whether its vectors are L2-normalized, or ``None`` when unknown.
         dtype: the embedder's ``dtype`` parameter (``float32`` when not stated).
         max_batch_tokens: the embedder's ``max_num_batched_tokens``, or ``None``.
+        allow_empty: the tokenizer step embeds empty texts by default (its ``allow_empty``
+            parameter; the gateway refuses them otherwise, naming its own field).
+        max_chunks: the tokenizer step's ``max_chunks`` (windows per text with
+            ``truncation=CHUNK``).
     """
 
     name: str
@@ -133,6 +137,8 @@ class ModelInfo:
     normalize: bool | None = None
     dtype: str = "float32"
     max_batch_tokens: int | None = None
+    allow_empty: bool = False
+    max_chunks: int = 16
 
     @classmethod
     def from_configs(
@@ -173,6 +179,8 @@ class ModelInfo:
             normalize=facts.normalize,
             dtype=_parameter(embedder_config, "dtype") or "float32",
             max_batch_tokens=_int_parameter(embedder_config, "max_num_batched_tokens"),
+            allow_empty=_parameter(tokenizer_config, "allow_empty").lower() in ("true", "1"),
+            max_chunks=_int_parameter(tokenizer_config, "max_chunks") or 16,
         )
 
 

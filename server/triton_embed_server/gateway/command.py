@@ -1,9 +1,10 @@
 """The command line: ``triton-embed gateway``, ``python -m triton_embed_server.gateway``.
 
 Both take the flags of :func:`triton_embed.cli.add_gateway_args` and end in :func:`run`:
-uvicorn serving :func:`~triton_embed_server.gateway.app.create_app`, with uvloop and
-httptools when they are installed (``uvicorn[standard]``), one worker process unless
-``--workers N``.
+uvicorn serving :func:`~triton_embed_server.gateway.app.create_app`, with uvloop when it is
+installed and the gateway's HTTP protocol (uvicorn's httptools or h11 protocol with a
+request-header timeout, :mod:`~triton_embed_server.gateway.protocol`), one worker process
+unless ``--workers N``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def run(settings: GatewaySettings) -> None:
     import uvicorn
 
     from triton_embed_server.gateway.app import SETTINGS_ENV, create_app
+    from triton_embed_server.gateway.protocol import protocol_class
 
     configure_logging(settings.log_level)
     settings.api_key()  # fail now, with the file's name, rather than in a worker
@@ -48,7 +50,7 @@ def run(settings: GatewaySettings) -> None:
         "host": settings.host,
         "port": settings.port,
         "loop": "uvloop" if _installed("uvloop") else "asyncio",
-        "http": "httptools" if _installed("httptools") else "h11",
+        "http": protocol_class(),
         "log_level": settings.log_level,
         "access_log": False,
         "timeout_graceful_shutdown": 30,

@@ -21,8 +21,12 @@ error (status): OpenAI ``type`` / ``code``; TEI ``error_type``
   ``unknown_route``); ``NotFound``
 * :class:`MethodNotAllowed` (405): ``invalid_request_error`` / ``method_not_allowed``;
   ``Validation``
+* :class:`RequestTimeout` (408): ``invalid_request_error`` / ``request_timeout``;
+  ``Validation`` (the body did not arrive in time; the connection is closed)
 * :class:`TooLarge` (413): ``invalid_request_error`` / ``payload_too_large`` or
   ``too_many_inputs``; ``Validation``
+* :class:`UnsupportedMediaType` (415): ``invalid_request_error`` /
+  ``unsupported_media_type``; ``Validation``
 * :class:`Overloaded` (429): ``rate_limit_error`` / ``overloaded``; ``Overloaded``
 * :class:`Internal` (500): ``server_error`` / ``internal``; ``Backend``
 * :class:`UpstreamError` (502): ``api_error`` / ``upstream_error``; ``Backend``
@@ -134,6 +138,68 @@ class MethodNotAllowed(GatewayError):
     tei_type = "Validation"
 
 
+class RequestTimeout(GatewayError):
+    """408: the request's body did not arrive within the read timeout; the connection closes."""
+
+    status = 408
+    openai_type = "invalid_request_error"
+    default_code = "request_timeout"
+    tei_type = "Validation"
+
+    def headers(self) -> dict[str, str]:  # noqa: D102
+        return {"Connection": "close"}
+
+
+class UnsupportedMediaType(GatewayError):
+    """415: the body is not declared JSON (``Content-Type``), as TEI answers."""
+
+    status = 415
+    openai_type = "invalid_request_error"
+    default_code = "unsupported_media_type"
+    tei_type = "Validation"
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected before its answer (nginx's 499): nothing is sent."""
+
+
+#: The status counted (never sent) for a request whose client went away: nginx's 499.
+CLIENT_CLOSED_REQUEST = 499
+#: Characters of an offending value quoted in a message (:func:`quote`).
+QUOTE_CHARS = 64
+
+
+def quote(value: Any, limit: int = QUOTE_CHARS) -> str:
+    """``value`` for an error message, at most about ``limit`` characters, never recursing.
+
+    Strings are quoted (``repr``) up to ``limit`` characters and then say how long they are;
+    numbers, booleans and ``null`` as JSON writes them (a huge integer by its digit count);
+    a list or an object by its kind and size only (it may be nested thousands deep).
+
+    >>> quote("x" * 100, 8)
+    "'xxxxxxxx'... (100 characters)"
+    >>> quote([1, 2])
+    'a list of 2 items'
+    """
+    if isinstance(value, str):
+        if len(value) <= limit:
+            return repr(value)
+        return f"{value[:limit]!r}... ({len(value)} characters)"
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    if isinstance(value, int):
+        if value.bit_length() <= 128:  # at most 39 digits: written out
+            return str(value)
+        return f"an integer of {value.bit_length()} bits"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, list):
+        return f"a list of {len(value)} items"
+    if isinstance(value, dict):
+        return f"an object of {len(value)} fields"
+    return type(value).__name__
+
+
 class TooLarge(GatewayError):
     """413: too many inputs, or a body over the size limit."""
 
@@ -195,10 +261,21 @@ def upstream_status(exc: BaseException) -> str:
     return str(status or "").rsplit(".", 1)[-1]
 
 
+#: Characters of a server's message carried into an answer; the rest is cut (a server that
+#: quotes a whole 100,000-character value must not make the gateway repeat it).
+MAX_UPSTREAM_MESSAGE_CHARS = 1000
+
+
 def upstream_message(exc: BaseException) -> str:
-    """The server's message of a ``tritonclient`` error (``str(exc)`` for anything else)."""
+    """The server's message of a ``tritonclient`` error (``str(exc)`` for anything else).
+
+    At most :data:`MAX_UPSTREAM_MESSAGE_CHARS` characters, then how long it was.
+    """
     message = exc.message() if callable(getattr(exc, "message", None)) else None
-    return str(message if message is not None else exc)
+    text = str(message if message is not None else exc)
+    if len(text) > MAX_UPSTREAM_MESSAGE_CHARS:
+        return f"{text[:MAX_UPSTREAM_MESSAGE_CHARS]}... ({len(text)} characters)"
+    return text
 
 
 def is_queue_refusal(exc: BaseException) -> bool:

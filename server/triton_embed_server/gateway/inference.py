@@ -2,10 +2,14 @@
 
 A request's inputs (up to :data:`MAX_INPUTS`) are cut into pieces of the called model's
 ``max_batch_size`` (:func:`pieces`), sent concurrently (at most :data:`PIECES_IN_FLIGHT` at
-once per request, so one large request does not fill an upstream's queue alone), each on
-the upstream the pool chooses, and put back together in input order. A failed piece fails
-the request with the error of :func:`~triton_embed_server.gateway.errors.from_upstream`,
-naming a text by its index in the request's inputs.
+once per request, so one large request does not fill an upstream's queue alone, and no more
+than its token budget allows, :class:`TokenBudget`), each on the upstream the pool chooses,
+and put back together in input order. When the request is cancelled (its client went away,
+its deadline passed) the pieces in flight are cancelled, which cancels their gRPC calls
+(``tritonclient.grpc.aio``: Triton then sees a cancelled request), and no more are started.
+A failed piece fails the request with the error of
+:func:`~triton_embed_server.gateway.errors.from_upstream`, naming a text by its index in
+the request's inputs.
 
 * :func:`embed_texts`: the ensemble, ``TEXT`` -> ``EMBEDDING``, ``NUM_TOKENS``;
 * :func:`embed_token_ids`: the ensemble's embedder step, ``TOKEN_IDS`` -> ``EMBEDDING``
@@ -30,7 +34,7 @@ from tritonclient.utils import InferenceServerException
 
 from triton_embed_server.gateway import tensors
 from triton_embed_server.gateway.catalog import Catalog, ModelInfo
-from triton_embed_server.gateway.errors import UpstreamError, from_upstream
+from triton_embed_server.gateway.errors import BadRequest, UpstreamError, from_upstream
 
 #: The most inputs one request may carry (OpenAI's limit for ``/v1/embeddings``).
 MAX_INPUTS = 2048
@@ -87,28 +91,124 @@ def pieces(count: int, size: int) -> list[tuple[int, int]]:
     return [(start, min(start + size, count)) for start in range(0, count, size)]
 
 
-async def _each_piece(count: int, size: int, call: Callable[[int, int], Awaitable[T]]) -> list[T]:
+@dataclass(frozen=True)
+class TokenBudget:
+    """A request's token budget (``--max-request-tokens``) and how its pieces are bounded.
+
+    The gateway cannot count a text's tokens before the tokenizer step has seen it, so it
+    counts what the step answers (``NUM_TOKENS``) piece by piece, and bounds what may be
+    in flight before the answers are in: a text of ``b`` UTF-8 bytes has at most ``b``
+    tokens plus the model's special and prompt tokens (every WordPiece, BPE or byte-fallback
+    token covers at least one byte; :data:`SPECIAL_TOKENS_BOUND`), and never more than the
+    model's per-text budget (``max_length``, times ``max_chunks`` with ``truncation=CHUNK``).
+    A piece is started only while the tokens counted so far plus the bounds of the pieces in
+    flight and its own stay within the budget, or when nothing else is in flight; once the
+    count passes the budget the pieces still running are cancelled, none is started, and
+    the request is 400. So the engine never works on more than the budget plus one piece's
+    bound for a refused request.
+
+    Attributes:
+        max_tokens: the budget.
+        max_tokens_per_text: a text's largest token count, or ``None`` when unknown.
+        field: the request field of the inputs (``input``, ``inputs``), for the message.
+    """
+
+    max_tokens: int
+    max_tokens_per_text: int | None = None
+    field: str = "input"
+
+    def bound(self, texts: Sequence[bytes]) -> int:
+        """An upper bound of the tokens of ``texts``."""
+        cap = self.max_tokens_per_text
+        if cap is None:
+            return sum(len(t) for t in texts) + SPECIAL_TOKENS_BOUND * len(texts)
+        return sum(min(cap, len(t) + SPECIAL_TOKENS_BOUND) for t in texts)
+
+    def check(self, tokens: int, done: int, total: int) -> None:
+        """Raise :class:`~.errors.BadRequest` when ``tokens`` (of ``done`` inputs) is over.
+
+        Args:
+            tokens: tokens counted so far.
+            done: inputs they belong to.
+            total: inputs of the request.
+        """
+        if tokens <= self.max_tokens:
+            return
+        counted = (
+            "its inputs have" if done >= total else f"the first {done} of its {total} inputs have"
+        )
+        raise BadRequest(
+            f"the request is over the gateway's token budget: {counted} {tokens} tokens; at "
+            f"most {self.max_tokens} tokens are embedded per request (--max-request-tokens); "
+            "split the inputs over several requests",
+            param=self.field,
+            code="too_many_tokens",
+        )
+
+
+#: Tokens a text may have beyond one per UTF-8 byte: special tokens and a prompt.
+SPECIAL_TOKENS_BOUND = 32
+
+Call = Callable[[int, int], Awaitable[tuple[T, int]]]
+
+
+async def _each_piece(
+    count: int,
+    size: int,
+    call: Call[T],
+    budget: TokenBudget | None = None,
+    bounds: Sequence[int] | None = None,
+) -> list[T]:
     """``call(start, stop)`` for every piece, concurrently, results in input order.
 
-    The first failure cancels the pieces still running and is raised.
+    ``call`` returns a piece's result and its token count. At most
+    :data:`PIECES_IN_FLIGHT` pieces run at once and, with a ``budget``, only as many as the
+    budget allows (:class:`TokenBudget`; ``bounds[i]`` bounds piece ``i``'s tokens). The
+    first failure, an exhausted budget, or this coroutine's cancellation (the client went
+    away, the request's deadline passed) cancels the pieces still running (their gRPC calls
+    are cancelled with them) and starts no more.
+
+    Raises:
+        GatewayError: a piece failed, or the budget is exhausted (400).
     """
     spans = pieces(count, size)
     if len(spans) == 1:
-        return [await call(*spans[0])]
-    gate = asyncio.Semaphore(PIECES_IN_FLIGHT)
-
-    async def one(start: int, stop: int) -> T:
-        async with gate:
-            return await call(start, stop)
-
-    tasks = [asyncio.ensure_future(one(start, stop)) for start, stop in spans]
+        result, tokens = await call(*spans[0])
+        if budget is not None:
+            budget.check(tokens, count, count)
+        return [result]
+    results: dict[int, T] = {}
+    running: dict[asyncio.Future, int] = {}
+    used = reserved = done = 0
+    following = 0
     try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for task in tasks:
+        while following < len(spans) or running:
+            while following < len(spans) and len(running) < PIECES_IN_FLIGHT:
+                bound = bounds[following] if bounds is not None and budget is not None else 0
+                if running and budget is not None and used + reserved + bound > budget.max_tokens:
+                    break
+                task = asyncio.ensure_future(call(*spans[following]))
+                running[task] = following
+                reserved += bound
+                following += 1
+            finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for task in finished:
+                index = running.pop(task)
+                result, tokens = task.result()  # a failed piece raises here
+                results[index] = result
+                start, stop = spans[index]
+                done += stop - start
+                used += tokens
+                if bounds is not None and budget is not None:
+                    reserved -= bounds[index]
+            if budget is not None:
+                budget.check(used, done, count)
+    finally:
+        for task in running:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
+    return [results[i] for i in range(len(spans))]
 
 
 async def _call(
@@ -140,7 +240,11 @@ def _embedding_elements(raw: bytes, count: int, model: str) -> list[memoryview]:
 
 
 async def embed_texts(
-    pool: Pool, model: ModelInfo, texts: Sequence[bytes], parameters: Mapping[str, Any]
+    pool: Pool,
+    model: ModelInfo,
+    texts: Sequence[bytes],
+    parameters: Mapping[str, Any],
+    budget: TokenBudget | None = None,
 ) -> Embeddings:
     """Embed UTF-8 texts with the ensemble ``model``.
 
@@ -149,13 +253,14 @@ async def embed_texts(
         model: the ensemble.
         texts: ``n`` UTF-8 payloads.
         parameters: the request parameters (``truncation``, ``input_type``, ...).
+        budget: the request's token budget (``None``: none).
 
     Raises:
         GatewayError: a piece failed (the server's message; a text named by its index in
-            ``texts``).
+            ``texts``), or the texts are over ``budget`` (400).
     """
 
-    async def call(start: int, stop: int) -> tuple[list[memoryview], np.ndarray]:
+    async def call(start: int, stop: int) -> tuple[tuple[list[memoryview], np.ndarray], int]:
         raw = await _call(
             pool,
             model.name,
@@ -171,9 +276,14 @@ async def embed_texts(
             raise UpstreamError(
                 f"model {model.name!r} answered something unexpected: {exc}"
             ) from None
-        return _embedding_elements(raw["EMBEDDING"], count, model.name), num_tokens
+        elements = _embedding_elements(raw["EMBEDDING"], count, model.name)
+        return (elements, num_tokens), int(num_tokens.sum())
 
-    results = await _each_piece(len(texts), model.max_batch_size, call)
+    spans = pieces(len(texts), model.max_batch_size)
+    bounds = None
+    if budget is not None and len(spans) > 1:
+        bounds = [budget.bound(texts[start:stop]) for start, stop in spans]
+    results = await _each_piece(len(texts), model.max_batch_size, call, budget, bounds)
     elements = [e for piece, _ in results for e in piece]
     return Embeddings(elements, np.concatenate([counts for _, counts in results]))
 
@@ -183,6 +293,7 @@ async def embed_token_ids(
     model: ModelInfo,
     token_ids: Sequence[Sequence[int]],
     parameters: Mapping[str, Any],
+    budget: TokenBudget | None = None,
 ) -> Embeddings:
     """Embed token-ID lists with the ensemble's embedder step (validated by the server).
 
@@ -191,19 +302,24 @@ async def embed_token_ids(
         model: the ensemble (its :attr:`~ModelInfo.embedder` is called).
         token_ids: ``n`` lists of IDs, each ``0 <= id < 2**31``.
         parameters: the request parameters the embedder reads (``dimensions``).
+        budget: the request's token budget (``None``: none), checked before any call
+            (the IDs are the tokens).
 
     Raises:
         GatewayError: a piece failed (e.g. an ID outside the vocabulary: the server's
-            message, naming the input by its index in ``token_ids``).
+            message, naming the input by its index in ``token_ids``), or the IDs are over
+            ``budget`` (400).
     """
+    if budget is not None:
+        budget.check(sum(len(ids) for ids in token_ids), len(token_ids), len(token_ids))
     payloads = list(encode_token_ids(token_ids))
 
-    async def call(start: int, stop: int) -> list[memoryview]:
+    async def call(start: int, stop: int) -> tuple[list[memoryview], int]:
         raw = await _call(
             pool, model.embedder, {"TOKEN_IDS": payloads[start:stop]}, ("EMBEDDING",),
             parameters, start,
         )  # fmt: skip
-        return _embedding_elements(raw["EMBEDDING"], stop - start, model.embedder)
+        return _embedding_elements(raw["EMBEDDING"], stop - start, model.embedder), 0
 
     results = await _each_piece(len(payloads), model.embedder_max_batch_size, call)
     counts = np.array([len(ids) for ids in token_ids], dtype=np.int32)
@@ -219,13 +335,13 @@ async def tokenize(
         GatewayError: a piece failed (the server's message).
     """
 
-    async def call(start: int, stop: int) -> list[list[int]]:
+    async def call(start: int, stop: int) -> tuple[list[list[int]], int]:
         raw = await _call(
             pool, model.tokenizer, {"TEXT": texts[start:stop]}, ("TOKEN_IDS",), parameters, start
         )
         elements = _embedding_elements(raw["TOKEN_IDS"], stop - start, model.tokenizer)
         try:
-            return [decode_token_ids(e) for e in elements]
+            return [decode_token_ids(e) for e in elements], 0
         except ValueError as exc:
             raise UpstreamError(
                 f"model {model.tokenizer!r} answered something unexpected: {exc}"

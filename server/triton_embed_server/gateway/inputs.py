@@ -24,15 +24,20 @@ from triton_embed.options import (
     INPUT_TYPE,
     RequestOptions,
     Truncation,
-    parse_dimensions,
     parse_input_type,
 )
 
-from triton_embed_server.gateway.errors import BadRequest, EmptyInput, TooLarge
+from triton_embed_server.gateway.catalog import ModelInfo
+from triton_embed_server.gateway.errors import BadRequest, EmptyInput, TooLarge, quote
 from triton_embed_server.gateway.inference import MAX_INPUTS
 
 #: The largest token ID int32 can carry.
 MAX_TOKEN_ID = 2**31 - 1
+#: The largest ``dimensions`` any model could have (int32; the request parameter is int64
+#: on the wire, and 2**63 or more would overflow it).
+MAX_DIMENSIONS = 2**31 - 1
+#: The longest prompt name (``input_type``) sent on; the models' are a word or two.
+MAX_PROMPT_NAME_CHARS = 256
 FORMS = "a string, a list of strings, a list of token IDs or a list of token-ID lists"
 
 
@@ -75,7 +80,7 @@ def _token_ids(values: list[Any], where: str) -> list[int]:
             (j, v) for j, v in enumerate(values) if type(v) is not int or not 0 <= v <= MAX_TOKEN_ID
         )
         raise BadRequest(
-            f"{where}[{j}] is {bad!r}; a token ID is a whole number from 0 to {MAX_TOKEN_ID}",
+            f"{where}[{j}] is {quote(bad)}; a token ID is a whole number from 0 to {MAX_TOKEN_ID}",
             param=where.split("[", 1)[0],
         )
     return values
@@ -138,6 +143,57 @@ def _check_count(count: int, field: str) -> None:
         )
 
 
+def check_not_empty(inputs: Inputs, model: ModelInfo, field: str) -> None:
+    """Refuse an empty text unless ``model``'s tokenizer step embeds them by default.
+
+    The step's own message points to its request parameter ``allow_empty``, which the HTTP
+    APIs do not have; this one names the API's field.
+
+    Raises:
+        BadRequest: ``field[i]`` is an empty string (names the first).
+    """
+    if inputs.texts is None or model.allow_empty:
+        return
+    for i, text in enumerate(inputs.texts):
+        if not text:
+            raise BadRequest(
+                f"{field}[{i}] is an empty string; model {model.name!r} does not embed empty "
+                "texts: send at least one character in each input",
+                param=field,
+            )
+
+
+def _dimensions(value: Any, field: str) -> int:
+    """A ``dimensions`` value: a whole number from 1 to :data:`MAX_DIMENSIONS`.
+
+    Raises:
+        BadRequest: a boolean, a float, a string, or a number out of range (names ``field``).
+    """
+    if type(value) is not int or not 1 <= value <= MAX_DIMENSIONS:
+        raise BadRequest(
+            f"'{field}' must be a whole number from 1 to {MAX_DIMENSIONS} (one of the model's "
+            f"dimensions; GET /v1/models lists its full dimension); got {quote(value)}",
+            param=field,
+        )
+    return value
+
+
+def check_dimensions(parameters: dict[str, Any], model: ModelInfo, field: str) -> None:
+    """Refuse a ``dimensions`` above ``model``'s vector size (when the config states it).
+
+    Raises:
+        BadRequest: it is (names ``field``, the value and the model's dimension).
+    """
+    wanted = parameters.get(DIMENSIONS)
+    if wanted is not None and model.dimension is not None and wanted > model.dimension:
+        raise BadRequest(
+            f"'{field}' is {wanted}; the vectors of model {model.name!r} have "
+            f"{model.dimension} dimensions: send a number from 1 to {model.dimension} (one "
+            "of the model's dimensions), or leave it out",
+            param=field,
+        )
+
+
 def request_parameters(
     *,
     truncation: Any = None,
@@ -145,6 +201,7 @@ def request_parameters(
     input_type: Any = None,
     input_type_field: str = INPUT_TYPE,
     dimensions: Any = None,
+    dimensions_field: str = DIMENSIONS,
 ) -> dict[str, Any]:
     """The KServe v2 request parameters of a request's options (``None``: not set).
 
@@ -153,22 +210,41 @@ def request_parameters(
         truncation_field: the field it came in, for messages.
         input_type: a prompt name of the model (``query``, ``document``, ...).
         input_type_field: the field it came in, for messages.
-        dimensions: a whole number >= 1 (the server checks it is one of the model's).
+        dimensions: a whole number from 1 to :data:`MAX_DIMENSIONS` (the server checks it
+            is one of the model's; :func:`check_dimensions` that it is not above its size).
+        dimensions_field: the field it came in, for messages.
 
     Raises:
-        BadRequest: a value outside its allowed set (names the field and the values).
+        BadRequest: a value outside its allowed set (names the API's field and the allowed
+            values; quotes at most a bounded prefix of the value).
     """
-    try:
-        options = RequestOptions(
-            truncation=None
-            if truncation is None
-            else Truncation.parse(truncation, what=truncation_field),
-            input_type=None
-            if input_type is None
-            else parse_input_type(input_type, what=input_type_field),
-            dimensions=None if dimensions is None else parse_dimensions(dimensions, DIMENSIONS),
-        )
-    except ValueError as exc:
-        field = str(exc).split("=", 1)[0]
-        raise BadRequest(str(exc), param=field) from None
+    if truncation is not None:
+        try:
+            truncation = Truncation.parse(truncation, what=truncation_field)
+        except ValueError:
+            allowed = ", ".join(t.value for t in Truncation)
+            raise BadRequest(
+                f"'{truncation_field}' must be one of {allowed}; got {quote(truncation)}",
+                param=truncation_field,
+            ) from None
+    if input_type is not None:
+        if not isinstance(input_type, str) or len(input_type) > MAX_PROMPT_NAME_CHARS:
+            raise BadRequest(
+                f"'{input_type_field}' must be a prompt name of the model such as query or "
+                f"document (at most {MAX_PROMPT_NAME_CHARS} characters); got {quote(input_type)}",
+                param=input_type_field,
+            )
+        try:
+            input_type = parse_input_type(input_type, what=input_type_field)
+        except ValueError:
+            raise BadRequest(
+                f"'{input_type_field}' must be a prompt name of the model such as query or "
+                f"document; got {quote(input_type)}",
+                param=input_type_field,
+            ) from None
+    options = RequestOptions(
+        truncation=truncation,
+        input_type=input_type,
+        dimensions=None if dimensions is None else _dimensions(dimensions, dimensions_field),
+    )
     return options.to_parameters()

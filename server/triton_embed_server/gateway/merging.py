@@ -169,7 +169,11 @@ class Merger:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def embed_texts(
-        self, model: ModelInfo, texts: Sequence[bytes], parameters: Mapping[str, Any]
+        self,
+        model: ModelInfo,
+        texts: Sequence[bytes],
+        parameters: Mapping[str, Any],
+        budget: inference.TokenBudget | None = None,
     ) -> Embeddings:
         """Embed UTF-8 texts with the ensemble ``model``, alone or merged with others.
 
@@ -177,6 +181,8 @@ class Merger:
             model: the ensemble.
             texts: ``n`` UTF-8 payloads.
             parameters: the request parameters (``truncation``, ``input_type``, ...).
+            budget: the request's token budget (``None``: none); a merged request (one
+                piece at most) is checked once its counts are back.
 
         Returns:
             The ``n`` vectors and ``NUM_TOKENS`` of ``texts``, in order, the same as
@@ -187,7 +193,15 @@ class Merger:
                 ``texts``), or the call it shared failed for a reason of the server's.
         """
         if not self.in_flight or len(texts) > model.max_batch_size:
-            return await inference.embed_texts(self.pool, model, texts, parameters)
+            return await inference.embed_texts(self.pool, model, texts, parameters, budget)
+        result = await self._merged(model, texts, parameters)
+        if budget is not None:
+            budget.check(int(result.num_tokens.sum()), len(texts), len(texts))
+        return result
+
+    async def _merged(
+        self, model: ModelInfo, texts: Sequence[bytes], parameters: Mapping[str, Any]
+    ) -> Embeddings:
         key = merge_key(model, parameters)
         queue = self._queues.get(key)
         if queue is None:

@@ -5,7 +5,9 @@ Families (docs/operations.md, "Metric catalogue"):
 * ``triton_embed_gateway_requests_total{route, model, status}``: answered requests; ``route``
   is the path (``/v1/embeddings``, ``/embed``, ...), ``model`` the ensemble name the request
   resolved to ("" before a model was known: bad JSON, refused key, unknown model),
-  ``status`` the HTTP status;
+  ``status`` the HTTP status (``499``, nginx's "client closed request": the client went
+  away before its answer; ``route=""``: refused before its path was read, 408 or 431,
+  :mod:`~triton_embed_server.gateway.protocol`);
 * ``triton_embed_gateway_request_duration_seconds{route}``: histogram of the time from the
   request's arrival to its answer;
 * ``triton_embed_gateway_in_flight``: requests in the gateway now (what ``--max-in-flight``

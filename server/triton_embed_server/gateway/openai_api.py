@@ -38,9 +38,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from triton_embed_server.gateway import inference
-from triton_embed_server.gateway.body import read_json
-from triton_embed_server.gateway.errors import BadRequest
-from triton_embed_server.gateway.inputs import Inputs, parse_inputs, request_parameters
+from triton_embed_server.gateway.errors import BadRequest, quote
+from triton_embed_server.gateway.inputs import (
+    Inputs,
+    check_dimensions,
+    check_not_empty,
+    parse_inputs,
+    request_parameters,
+)
 
 if TYPE_CHECKING:
     from triton_embed_server.gateway.app import Gateway, RequestState
@@ -90,7 +95,7 @@ def parse_embeddings_request(body: Any) -> EmbeddingsRequest:
     unknown = [k for k in body if k not in FIELDS]
     if unknown:
         raise BadRequest(
-            f"unknown field '{unknown[0]}'; the fields are {', '.join(FIELDS)}",
+            f"unknown field {quote(unknown[0])}; the fields are {', '.join(FIELDS)}",
             param=unknown[0],
             code="unknown_field",
         )
@@ -112,7 +117,7 @@ def parse_embeddings_request(body: Any) -> EmbeddingsRequest:
     encoding = "float" if encoding is None else encoding
     if encoding not in ENCODINGS:
         raise BadRequest(
-            f"'encoding_format' must be 'float' or 'base64', got {encoding!r}",
+            f"'encoding_format' must be 'float' or 'base64', got {quote(encoding)}",
             param="encoding_format",
         )
     truncate, truncation = body.get("truncate"), body.get("truncation")
@@ -172,16 +177,20 @@ def render_embeddings(model: str, embeddings: inference.Embeddings, encoding: st
 
 
 async def embeddings(gateway: Gateway, request: Request, state: RequestState) -> Response:
-    """``POST /v1/embeddings``."""
-    body = await read_json(request, gateway.max_body_bytes)
-    parsed = parse_embeddings_request(body)
+    """``POST /v1/embeddings`` (its body already read: ``state.body``)."""
+    parsed = parse_embeddings_request(state.body)
     model = gateway.model(parsed.model)
     state.model = model.name
+    check_not_empty(parsed.inputs, model, "input")
+    check_dimensions(parsed.parameters, model, "dimensions")
+    budget = gateway.token_budget(model, parsed.parameters, "input")
     if parsed.inputs.texts is not None:
-        result = await gateway.merger.embed_texts(model, parsed.inputs.texts, parsed.parameters)
+        result = await gateway.merger.embed_texts(
+            model, parsed.inputs.texts, parsed.parameters, budget
+        )
     else:
         result = await inference.embed_token_ids(
-            gateway.pool, model, parsed.inputs.token_ids or [], parsed.parameters
+            gateway.pool, model, parsed.inputs.token_ids or [], parsed.parameters, budget
         )
     return Response(
         render_embeddings(parsed.model, result, parsed.encoding_format), media_type=JSON

@@ -16,8 +16,35 @@ from pathlib import Path
 
 from triton_embed.admin import read_admin_key, read_key_file
 
+from triton_embed_server.config import CHARS_PER_TOKEN_CAP
 from triton_embed_server.gateway.addresses import Target, parse_upstreams
 from triton_embed_server.gateway.auth import load_api_key
+from triton_embed_server.gateway.inference import MAX_INPUTS
+from triton_embed_server.gateway.protocol import DEFAULT_HEADER_TIMEOUT_S
+
+#: The shipped model's token budget per text (``model_repository/embed``: ``max_length``).
+SHIPPED_MAX_LENGTH = 256
+#: JSON bytes around one input string: its quotes, a comma, a space or newline and indent.
+JSON_BYTES_PER_INPUT = 6
+#: JSON bytes of a request's other fields (model, options), generously.
+JSON_BYTES_OTHER = 64 * 1024
+#: The default body limit: the largest request whose every character reaches the tokenizer
+#: step, in single-byte characters: 2,048 inputs x the tokenizer's default character cap
+#: (64 per token x 256 tokens = 16,384) + JSON = 33,632,256 bytes (32.07 MiB). A longer text
+#: is cut at the cap by the step anyway; a multi-byte script fills the cap in fewer texts.
+DEFAULT_MAX_BODY_BYTES = (
+    MAX_INPUTS * (CHARS_PER_TOKEN_CAP * SHIPPED_MAX_LENGTH + JSON_BYTES_PER_INPUT)
+    + JSON_BYTES_OTHER
+)
+#: The default token budget of one embedding request (``--max-request-tokens``): 2**17 =
+#: 131,072 tokens, 512 texts at the shipped model's full 256-token budget. The CPU engine
+#: embeds about 5,000-14,000 tokens/s on 2 cores, so a request at the budget takes 9-26 s:
+#: well inside the 60 s upstream deadline (``--timeout-s``), where OpenAI's 300,000 would
+#: take 21-60 s. (The largest request the other limits allow, 2,048 x 256 = 524,288 tokens,
+#: would take 37-105 s.)
+DEFAULT_MAX_REQUEST_TOKENS = 2**17
+#: Seconds a request's body may take beyond its size's share (``--body-timeout-s``).
+DEFAULT_BODY_TIMEOUT_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -33,13 +60,20 @@ class GatewaySettings:
             variable ``TRITON_EMBED_GATEWAY_API_KEY``, else no key).
         admin_key_file: file holding the servers' admin key (``None``: where
             :func:`triton_embed.admin.read_admin_key` looks).
-        max_body_mb: the largest request body, MiB.
+        max_body_mb: the largest request body, MiB (``None``: :data:`DEFAULT_MAX_BODY_BYTES`).
+        max_request_tokens: tokens one embedding request may hold in all
+            (:data:`DEFAULT_MAX_REQUEST_TOKENS`).
+        header_timeout_s: seconds a request's headers may take
+            (:mod:`~triton_embed_server.gateway.protocol`).
+        body_timeout_s: seconds its body may take, plus 1 s per 64 KiB
+            (:func:`~triton_embed_server.gateway.body.read_body`).
         max_in_flight: requests handled at once; more are answered 429.
         merge_in_flight: upstream calls per model and request parameters before further
             small text requests wait and are merged into one call (0: no merging;
             :mod:`~triton_embed_server.gateway.merging`).
         default_model: the model of the TEI routes.
-        timeout_s: deadline of one upstream call, seconds.
+        timeout_s: deadline of a request's upstream work, seconds: its pieces still running
+            then are cancelled and the request is answered 504.
         workers: uvicorn worker processes.
         log_level: ``critical``, ``error``, ``warning``, ``info`` or ``debug``.
     """
@@ -49,7 +83,10 @@ class GatewaySettings:
     port: int = 8080
     api_key_file: str | None = None
     admin_key_file: str | None = None
-    max_body_mb: float = 16.0
+    max_body_mb: float | None = None
+    max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     max_in_flight: int = 512
     merge_in_flight: int = 0
     default_model: str = "embed"
@@ -59,8 +96,17 @@ class GatewaySettings:
 
     def __post_init__(self) -> None:
         parse_upstreams(self.upstreams)  # raises ValueError naming a bad entry
-        if not self.max_body_mb > 0 or not self.max_in_flight >= 1 or not self.timeout_s > 0:
-            raise ValueError("max_body_mb, max_in_flight and timeout_s must be > 0")
+        positive = {
+            "max_body_mb": 1 if self.max_body_mb is None else self.max_body_mb,
+            "max_request_tokens": self.max_request_tokens,
+            "header_timeout_s": self.header_timeout_s,
+            "body_timeout_s": self.body_timeout_s,
+            "max_in_flight": self.max_in_flight,
+            "timeout_s": self.timeout_s,
+        }
+        bad = [f"{name}={value}" for name, value in positive.items() if not value > 0]
+        if bad:
+            raise ValueError(f"{', '.join(bad)}: each must be > 0")
         if self.merge_in_flight < 0:
             raise ValueError(
                 f"merge_in_flight must be >= 0 (0: no merging), got {self.merge_in_flight}"
@@ -76,6 +122,9 @@ class GatewaySettings:
             api_key_file=None if args.api_key_file is None else str(args.api_key_file),
             admin_key_file=None if args.admin_key_file is None else str(args.admin_key_file),
             max_body_mb=args.max_body_mb,
+            max_request_tokens=args.max_request_tokens,
+            header_timeout_s=args.header_timeout_s,
+            body_timeout_s=args.body_timeout_s,
             max_in_flight=args.max_in_flight,
             merge_in_flight=args.merge_in_flight,
             default_model=args.default_model,
@@ -102,7 +151,9 @@ class GatewaySettings:
 
     @property
     def max_body_bytes(self) -> int:
-        """:attr:`max_body_mb` in bytes."""
+        """:attr:`max_body_mb` in bytes (:data:`DEFAULT_MAX_BODY_BYTES` when not set)."""
+        if self.max_body_mb is None:
+            return DEFAULT_MAX_BODY_BYTES
         return int(self.max_body_mb * 2**20)
 
     def api_key(self) -> str | None:

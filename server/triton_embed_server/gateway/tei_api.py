@@ -23,6 +23,10 @@ TEI serves one model; these routes use the gateway's default model (``--default-
   step always adds the model's special tokens.
 * ``GET /info``: TEI's ``Info`` object from the model's config.
 * ``GET /health``: 200 (empty body) while at least one upstream is ready, else 503.
+* TEI's base-URL routes (``router/src/http/server.rs``): ``POST /`` and ``POST
+  /invocations`` (SageMaker) are ``/embed`` (what TEI maps them to for an embedding model;
+  ``huggingface_hub.InferenceClient(model="http://host:port").feature_extraction`` posts to
+  ``/``), ``GET /`` and ``GET /ping`` (SageMaker) are ``/health``.
 
 Unknown fields are 400 (TEI ignores them; a misspelt option is better refused).
 """
@@ -39,10 +43,16 @@ from starlette.responses import Response
 from triton_embed.options import Truncation
 
 from triton_embed_server.gateway import inference
-from triton_embed_server.gateway.body import read_json
 from triton_embed_server.gateway.catalog import ModelInfo
-from triton_embed_server.gateway.errors import BadRequest, Unavailable
-from triton_embed_server.gateway.inputs import FORMS, Inputs, parse_inputs, request_parameters
+from triton_embed_server.gateway.errors import BadRequest, Unavailable, quote
+from triton_embed_server.gateway.inputs import (
+    FORMS,
+    Inputs,
+    check_dimensions,
+    check_not_empty,
+    parse_inputs,
+    request_parameters,
+)
 
 if TYPE_CHECKING:
     from triton_embed_server.gateway.app import Gateway, RequestState
@@ -65,7 +75,7 @@ def _object(body: Any, fields: tuple[str, ...]) -> dict[str, Any]:
         raise BadRequest("the request body must be a JSON object")
     unknown = [k for k in body if k not in fields]
     if unknown:
-        raise BadRequest(f"unknown field '{unknown[0]}'; the fields are {', '.join(fields)}")
+        raise BadRequest(f"unknown field {quote(unknown[0])}; the fields are {', '.join(fields)}")
     return body
 
 
@@ -74,7 +84,7 @@ def _flag(body: dict[str, Any], field: str, default: bool) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise BadRequest(f"'{field}' must be true or false, got {value!r}")
+        raise BadRequest(f"'{field}' must be true or false, got {quote(value)}")
     return value
 
 
@@ -102,7 +112,9 @@ def parse_embed_request(body: Any, model: ModelInfo) -> tuple[Inputs, dict[str, 
     direction = body.get("truncation_direction")
     direction = "right" if direction is None else direction
     if not isinstance(direction, str) or direction.lower() not in DIRECTIONS:
-        raise BadRequest(f"'truncation_direction' must be 'Left' or 'Right', got {direction!r}")
+        raise BadRequest(
+            f"'truncation_direction' must be 'Left' or 'Right', got {quote(direction)}"
+        )
     if not normalize and model.normalize is True:
         raise BadRequest(
             f"normalize=false cannot be served: the vectors of model {model.name!r} are "
@@ -136,16 +148,18 @@ def l2_normalized(matrix: np.ndarray) -> np.ndarray:
 
 
 async def embed(gateway: Gateway, request: Request, state: RequestState) -> Response:
-    """``POST /embed``."""
-    body = await read_json(request, gateway.max_body_bytes)
+    """``POST /embed`` (also ``POST /`` and ``POST /invocations``, as TEI routes them)."""
     model = gateway.model(gateway.default_model)
     state.model = model.name
-    inputs, parameters, normalize = parse_embed_request(body, model)
+    inputs, parameters, normalize = parse_embed_request(state.body, model)
+    check_not_empty(inputs, model, "inputs")
+    check_dimensions(parameters, model, "dimensions")
+    budget = gateway.token_budget(model, parameters, "inputs")
     if inputs.texts is not None:
-        result = await gateway.merger.embed_texts(model, inputs.texts, parameters)
+        result = await gateway.merger.embed_texts(model, inputs.texts, parameters, budget)
     else:
         result = await inference.embed_token_ids(
-            gateway.pool, model, inputs.token_ids or [], parameters
+            gateway.pool, model, inputs.token_ids or [], parameters, budget
         )
     matrix = result.matrix()
     if normalize:
@@ -178,11 +192,10 @@ def parse_tokenize_request(body: Any) -> tuple[list[bytes], dict[str, Any]]:
 
 
 async def tokenize(gateway: Gateway, request: Request, state: RequestState) -> Response:
-    """``POST /tokenize``."""
-    body = await read_json(request, gateway.max_body_bytes)
+    """``POST /tokenize`` (its body already read: ``state.body``)."""
     model = gateway.model(gateway.default_model)
     state.model = model.name
-    texts, parameters = parse_tokenize_request(body)
+    texts, parameters = parse_tokenize_request(state.body)
     token_ids = await inference.tokenize(gateway.pool, model, texts, parameters)
     tokens = [
         [{"id": i, "text": None, "special": None, "start": None, "stop": None} for i in ids]

@@ -282,14 +282,20 @@ class Supervisor:
                 if self.api.status("/v2/health/ready") == 200:
                     ready, self.ever_ready, self.ever_ready_now = True, True, True
                     now = time.monotonic()
+                    quiet = (
+                        f"; longest stretch without progress {self._watch.longest_quiet_s:.1f} s"
+                        f" (--stall-timeout-s {self.stall_s:g})"
+                        if self._watch is not None
+                        else ""
+                    )
                     if self._died_at is not None:
                         self.log(
                             f"tritonserver ready again {now - self._died_at:.1f} s after it "
                             f"{self._last_exit} (restart {self.restarts}; this start took "
-                            f"{now - started:.1f} s)"
+                            f"{now - started:.1f} s{quiet})"
                         )
                     else:
-                        self.log(f"tritonserver ready after {now - started:.1f} s")
+                        self.log(f"tritonserver ready after {now - started:.1f} s{quiet}")
                     expected = self.expected_stubs()
                     watched = self._ready_models() or set(expected)
                     self.log(f"watching stub processes per model: {json.dumps(expected)}")

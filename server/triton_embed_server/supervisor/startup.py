@@ -64,6 +64,7 @@ class StartWatch:
         self.failed: set[str] = set()
         self.instances: dict[str, float] = {}  # instance -> when its initialize started
         self.last_progress = now
+        self.longest_quiet_s = 0.0  # the longest stretch without progress so far
         self.last_event = "the start"
         self._cpu: dict[int, float] = {}  # pid -> CPU seconds at the last sample
         self._cpu_since = 0.0  # CPU seconds since the last progress
@@ -113,6 +114,7 @@ class StartWatch:
         if self._cpu_since >= self.progress_cpu_s:
             progressed = True
             self.last_event = f"{self._cpu_since:.1f} s of CPU used"
+        self.longest_quiet_s = max(self.longest_quiet_s, now - self.last_progress)
         if progressed:
             self.last_progress = now
             self._cpu_since = 0.0

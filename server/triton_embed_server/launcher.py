@@ -269,6 +269,9 @@ class TritonServer:
         return proc.returncode
 
     def __enter__(self) -> TritonServer:
+        """Start the server, unless :meth:`start` already did (and it still runs)."""
+        if self.process is not None and self.process.poll() is None:
+            return self
         return self.start()
 
     def __exit__(self, *exc) -> None:

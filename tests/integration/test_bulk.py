@@ -266,12 +266,19 @@ def test_planted_links_at_the_temporaries_are_not_followed(server, tmp_path):
     precious.write_text("keep me\n")
     out = tmp_path / "out"
     out.mkdir()
-    for name in ["._manifest.json.tmp"] + [f".part-{k:05d}.parquet.tmp" for k in range(3)]:
-        (out / name).symlink_to(precious)
+    (out / "._manifest.json.tmp").symlink_to(precious)
     run_cli(["embed", corpus, "-o", out, "--url", server.grpc_url, "--shard-rows", 128], server)
     assert precious.read_text() == "keep me\n"
     assert [p.name for p in out.iterdir() if p.is_symlink()] == []
     assert "OK, 300 rows in 3 shards" in run_cli(["verify", out, corpus], server).stdout
+    other = tmp_path / "other"  # shard temporaries planted in a fresh folder: refused
+    other.mkdir()
+    for k in range(3):
+        (other / f".part-{k:05d}.parquet.tmp").symlink_to(precious)
+    refused = run_cli(["embed", corpus, "-o", other, "--url", server.grpc_url], server, check=False)
+    assert refused.returncode == 1
+    assert "holds shard files (part-NNNNN.parquet) but no _manifest.json" in refused.stderr
+    assert precious.read_text() == "keep me\n"
     (out / ".triton-embed.lock").unlink()
     (out / ".triton-embed.lock").symlink_to(precious)
     refused = run_cli(["embed", corpus, "-o", out, "--url", server.grpc_url], server, check=False)

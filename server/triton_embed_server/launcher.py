@@ -81,7 +81,7 @@ class TritonServer:
     process: subprocess.Popen | None = None
     admin_key: str = field(default_factory=generate_key, repr=False)
     supervisor_args: list[str] = field(default_factory=list)
-    _regions: set[str] = field(default_factory=set, repr=False)
+    _regions: set[str] = field(default_factory=set, repr=False, init=False)
 
     @property
     def grpc_url(self) -> str:

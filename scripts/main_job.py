@@ -113,6 +113,11 @@ def main() -> int:
     server = TritonServer(log_path=args.out_dir / "tritonserver.log")
     print(f"starting tritonserver (gRPC {server.grpc_url}); log: {server.log_path}")
     t0 = time.perf_counter()
+    try:
+        server.start()
+    except RuntimeError as exc:  # exited, stalled (the supervisor's line) or not ready in time
+        print(f"main job: {exc}", file=sys.stderr)
+        return 1
     with server:
         print(f"server ready in {time.perf_counter() - t0:.1f} s")
         # The client reads max_batch_size (a restricted API) with the server's admin key.

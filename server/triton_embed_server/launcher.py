@@ -60,13 +60,15 @@ class TritonServer:
     Attributes:
         model_repository: folder to serve (default: this repository's ``model_repository``).
         extra_args: further ``tritonserver`` arguments (``--model-config-name gpu``, ...).
-        ready_timeout_s: how long :meth:`start` waits for ``/v2/health/ready``.
+        ready_timeout_s: how long :meth:`start` waits for ``/v2/health/ready``; a start
+            the supervisor finds stalled (``[supervisor] start stalled: ...``) fails at once.
         log_path: where the server's stdout/stderr go (a temporary file by default).
         admin_key: the key every API but inference, health and metadata requires, and HTTP
             inference too (:mod:`triton_embed_server.admin_key`); a new random one per server
             unless given.
             Send it with :attr:`admin_http_headers` / :attr:`admin_grpc_headers`. Kept out of
             ``repr`` and of every message; it is on the server's command line.
+        supervisor_args: options of the supervisor (``["--stall-timeout-s", "20"]``).
     """
 
     model_repository: Path = REPO_ROOT / "model_repository"
@@ -79,6 +81,8 @@ class TritonServer:
     metrics_port: int = field(default_factory=free_port)
     process: subprocess.Popen | None = None
     admin_key: str = field(default_factory=generate_key, repr=False)
+    supervisor_args: list[str] = field(default_factory=list)
+    _regions: set[str] = field(default_factory=set, repr=False, init=False)
 
     @property
     def grpc_url(self) -> str:
@@ -131,7 +135,7 @@ class TritonServer:
         from triton_embed_server import shm
 
         argv = [
-            sys.executable, "-m", "triton_embed_server.supervisor", "--",
+            sys.executable, "-m", "triton_embed_server.supervisor", *self.supervisor_args, "--",
             "--model-repository", str(self.model_repository),
             "--grpc-address", "127.0.0.1", "--grpc-port", str(self.grpc_port),
             "--http-address", "127.0.0.1", "--http-port", str(self.http_port),
@@ -167,21 +171,64 @@ class TritonServer:
         log.close()
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
+            self._regions.update(self.stub_regions())
             if self.process.poll() is not None:
-                try:  # stubs the server left behind share its process group
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                except OSError:
-                    pass
+                self._kill_group()  # stubs the server left behind share its process group
                 raise RuntimeError(
                     f"tritonserver exited with {self.process.returncode}:\n{self.log_tail()}"
                 )
             if self.is_ready():
+                self._regions.update(self.stub_regions())
                 return self
+            stalled = self.stall_line()
+            if stalled:
+                self.stop()
+                raise RuntimeError(f"tritonserver did not start: {stalled}\n{self.log_tail()}")
             time.sleep(0.5)
         self.stop()
         raise RuntimeError(
             f"tritonserver not ready after {self.ready_timeout_s:.0f} s:\n{self.log_tail()}"
         )
+
+    def stall_line(self) -> str | None:
+        """The supervisor's ``start stalled: ...`` line in the log, if it wrote one."""
+        if self.log_path is None or not self.log_path.exists():
+            return None
+        marker = b"[supervisor] start stalled:"
+        data = self.log_path.read_bytes()
+        at = data.find(marker)
+        if at < 0:
+            return None
+        end = data.find(b"\n", at)
+        return data[at : end if end >= 0 else None].decode("utf-8", "replace")
+
+    def stub_regions(self) -> list[str]:
+        """The ``/dev/shm`` regions of this server's live stubs (its process group)."""
+        from triton_embed_server.supervisor import group_stub_regions
+
+        if self.process is None:
+            return []
+        return group_stub_regions(self.process.pid)  # the group outlives a dead supervisor
+
+    def _kill_group(self) -> None:
+        """SIGKILL what is left of the process group; remove its stubs' ``/dev/shm`` regions.
+
+        The regions are those seen under this server while it ran (:meth:`stub_regions`),
+        never another server's. A stub killed with its server cannot remove its region.
+        """
+        from triton_embed_server.supervisor import group_stub_regions, remove_shm_regions
+
+        pid = self.process.pid
+        self._regions.update(group_stub_regions(pid))
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        deadline = time.monotonic() + 10
+        while group_stub_regions(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)  # until the killed stubs are gone
+        remove_shm_regions(self._regions)
+        self._regions.clear()
 
     def is_ready(self) -> bool:
         """``GET /v2/health/ready`` answered 200."""
@@ -200,6 +247,9 @@ class TritonServer:
     def stop(self, timeout_s: float = 60.0) -> int | None:
         """SIGTERM the server (it drains and unloads models), SIGKILL its group if it hangs.
 
+        The ``/dev/shm`` regions of its stubs that are left (a stub killed with the server)
+        are removed: only this server's (its process group's stubs), never another's.
+
         Returns:
             The server's exit code, or ``None`` if it was never started.
         """
@@ -207,20 +257,22 @@ class TritonServer:
         if proc is None:
             return None
         if proc.poll() is None:
+            self._regions.update(self.stub_regions())
             proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        # Stubs left behind by a crashed server are in its process group.
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        # Stubs left behind by a crashed server are in its process group; a killed stub's
+        # /dev/shm region stays unless it is removed.
+        self._kill_group()
         return proc.returncode
 
     def __enter__(self) -> TritonServer:
+        """Start the server, unless :meth:`start` already did (and it still runs)."""
+        if self.process is not None and self.process.poll() is None:
+            return self
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -222,3 +222,68 @@ def b_successes(b: TritonServer) -> float:
         return metric_sum(b.metric_samples(), "nv_inference_request_success_total", model="embed")
     except Exception:  # not up yet
         return 0.0
+
+
+def test_input_appended_mid_run_fails_the_job_clearly(server, tmp_path):
+    """Issue 20 item 7: 500 lines appended to a 3,000-line input after the first shard."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(fortune_lines(3000)) + "\n")
+    out = tmp_path / "out"
+    args = ["embed", corpus, "-o", out, "--url", server.grpc_url, "--shard-rows", 500,
+            "--batch-size", 16, "--concurrency", 2, "--no-progress"]  # fmt: skip
+    env = {**os.environ, "TRITON_EMBED_ADMIN_KEY": server.admin_key}
+    proc = subprocess.Popen([*CLI, *map(str, args)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not (out / "part-00000.parquet").exists() and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.02)
+        with corpus.open("a") as f:
+            f.write("\n".join(fortune_lines(3500)[3000:]) + "\n")
+        _, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, stderr
+    assert (
+        f"triton-embed embed: error: {corpus} changed while this job read it: it holds more "
+        "than the 3000 records it held when the job started (lines were appended). The output "
+        "is not complete."
+    ) in " ".join(stderr.split()), stderr
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert not manifest["complete"] and manifest["rows"] <= 3000
+    refused = run_cli(args, server, check=False)  # the input as it is now: another input
+    assert refused.returncode == 1 and "the input changed" in refused.stderr
+
+
+def test_planted_links_at_the_temporaries_are_not_followed(server, tmp_path):
+    """Issue 20 item 6, through the CLI: links at every temporary, a file outside the folder."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(fortune_lines(300)) + "\n")
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "._manifest.json.tmp").symlink_to(precious)
+    run_cli(["embed", corpus, "-o", out, "--url", server.grpc_url, "--shard-rows", 128], server)
+    assert precious.read_text() == "keep me\n"
+    assert [p.name for p in out.iterdir() if p.is_symlink()] == []
+    assert "OK, 300 rows in 3 shards" in run_cli(["verify", out, corpus], server).stdout
+    other = tmp_path / "other"  # shard temporaries planted in a fresh folder: refused
+    other.mkdir()
+    for k in range(3):
+        (other / f".part-{k:05d}.parquet.tmp").symlink_to(precious)
+    refused = run_cli(["embed", corpus, "-o", other, "--url", server.grpc_url], server, check=False)
+    assert refused.returncode == 1
+    assert "holds shard files (part-NNNNN.parquet) but no _manifest.json" in refused.stderr
+    assert precious.read_text() == "keep me\n"
+    (out / ".triton-embed.lock").unlink()
+    (out / ".triton-embed.lock").symlink_to(precious)
+    refused = run_cli(["embed", corpus, "-o", out, "--url", server.grpc_url], server, check=False)
+    assert refused.returncode == 1
+    assert ".triton-embed.lock is a symbolic link; the job's lock file must be a plain file" in (
+        refused.stderr
+    )
+    assert precious.read_text() == "keep me\n"

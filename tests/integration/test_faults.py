@@ -18,6 +18,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from triton_embed.admin import GRPC_ADMIN_HEADER
 from triton_embed_server.launcher import TritonServer
+from triton_embed_server.supervisor import stub_shm_region
 from tritonclient.utils import InferenceServerException
 
 from tests.helpers import MAX_LENGTH, metric_sum, text_input
@@ -184,6 +185,12 @@ def test_a_killed_embedder_stub_is_replaced(fault_server):
     before = {pid: p for pid, p in stubs(fault_server).items() if "/embedder/" in p.cmdline()[1]}
     assert len(before) == 2
     victim = next(p for p in before.values() if "embedder_0_0" in p.cmdline())
+    # /dev/shm regions: the replaced version's (the killed stub's, the retired one's) go;
+    # every other stub's stays (issue 20 item 16)
+    old_regions = {stub_shm_region(p.cmdline()) for p in before.values()}
+    other_regions = {stub_shm_region(p.cmdline()) for p in stubs(fault_server).values()}
+    other_regions -= old_regions
+    assert len(old_regions) == 2 and other_regions
     victim.kill()
     client = grpcclient.InferenceServerClient(fault_server.grpc_url)
     t0 = time.monotonic()
@@ -211,6 +218,14 @@ def test_a_killed_embedder_stub_is_replaced(fault_server):
     after = {pid: p for pid, p in stubs(fault_server).items() if "/embedder/" in p.cmdline()[1]}
     assert len(after) == 2 and victim.pid not in after
     assert fault_server.is_ready()
+    removed = re.search(
+        r"removed (\d) shared-memory regions of stubs that are gone", fault_server.log_tail(200_000)
+    )
+    assert removed and 1 <= int(removed[1]) <= 2  # the killed one's at least (the other may exit)
+    assert [r for r in old_regions if Path("/dev/shm", r).exists()] == []
+    assert all(Path("/dev/shm", r).exists() for r in other_regions)
+    new_regions = {stub_shm_region(p.cmdline()) for p in after.values()}
+    assert all(Path("/dev/shm", r).exists() for r in new_regions)
 
 
 def test_sigterm_drains_in_flight_requests_and_leaves_no_stubs():

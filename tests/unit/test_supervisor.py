@@ -29,6 +29,7 @@ from triton_embed_server.supervisor import (
     stub_parent_pid,
     stub_shm_region,
 )
+from triton_embed_server.supervisor.startup import StartWatch
 
 
 def test_stub_model_name_reads_the_model_folder():
@@ -347,3 +348,85 @@ def test_restarts_off_returns_the_server_exit_status(fake_tritonserver, tmp_path
     code, out = finish(proc, log)
     assert code == 137, out
     assert "restarting" not in out
+
+
+# --- a start that makes no progress (issue 20 item 15) ----------------------------------------
+
+
+def lifecycle(*events: str) -> list[str]:
+    """Triton 2.51 log lines (the format of ``model_lifecycle.cc`` and ``python_be.cc``)."""
+    lines = {
+        "loading": 'I1202 00:38:28.474817 5776 model_lifecycle.cc:472] "loading: {}:1"',
+        "instance": 'I1202 00:38:30.133957 5776 python_be.cc:2249] "TRITONBACKEND_ModelInstance'
+        'Initialize: {} (CPU device 0)"',
+        "loaded": "I1202 00:38:43.004791 5776 model_lifecycle.cc:839] \"successfully loaded '{}'\"",
+        "failed": "I1202 00:40:06.597943 5776 model_lifecycle.cc:777] \"failed to load '{}'\"",
+    }
+    return [lines[kind].format(name) for kind, name in (e.split(":") for e in events)]
+
+
+def test_start_watch_a_hang_after_every_initialize_is_a_stall():
+    """Issue 20 item 15's hang: instances initialized, nothing loaded, the tree idle."""
+    watch = StartWatch(now=0.0, stall_s=60.0)
+    for line in lifecycle("loading:tokenizer", "loading:embedder", "instance:tokenizer_0_0",
+                          "instance:embedder_0_0", "instance:embedder_0_1"):  # fmt: skip
+        watch.feed(line + "\n")
+    watch.feed("tiny model: initialize done\n")  # not a lifecycle line
+    stubs = {11: 5.0, 12: 7.0, 13: 7.0, 10: 3.0}
+    watch.sample(stubs, now=35.0)  # the lines arrive: progress at 35 s
+    assert watch.last_event == "instance embedder_0_1 initializing"
+    for t in range(36, 95):  # a minute of health polling: 10 ms of CPU per second in all
+        stubs = {pid: cpu + 0.0025 for pid, cpu in stubs.items()}
+        watch.sample(stubs, now=float(t))
+        assert not watch.stalled(float(t))
+    watch.sample(stubs, now=95.0)
+    assert watch.stalled(95.0)
+    described = watch.describe(
+        {11: ("tokenizer", "tokenizer_0_0"), 12: ("embedder", "embedder_0_0"),
+         13: ("embedder", "embedder_0_1")}, now=95.0,
+    )  # fmt: skip
+    assert described == (
+        "start stalled: no progress for 60 s (--stall-timeout-s 60; last: instance embedder_0_1 "
+        "initializing; under 1 s of CPU used since); model 'embedder' loading for 60 s "
+        "(embedder_0_0 pid 12, embedder_0_1 pid 13 idle); model 'tokenizer' loading for 60 s "
+        "(tokenizer_0_0 pid 11 idle)"
+    )
+    assert watch.longest_quiet_s == 60.0
+
+
+def test_start_watch_cpu_use_and_model_states_are_progress():
+    watch = StartWatch(now=0.0, stall_s=10.0)
+    watch.sample({1: 0.0, 2: 0.0}, now=1.0)
+    for t in range(2, 40):  # a busy initialize: 0.2 s of CPU per second, 1 s every 5 s
+        watch.sample({1: 0.0, 2: 0.2 * t}, now=float(t))
+        assert not watch.stalled(float(t)), t
+    assert watch.longest_quiet_s < 6
+    watch.feed(lifecycle("loaded:tokenizer")[0])
+    watch.sample({1: 0.0, 2: 7.8}, now=48.0)  # 8 s idle, then the line: progress again
+    assert not watch.stalled(57.0) and watch.loaded == {"tokenizer"}
+    watch.sample({1: 0.0}, now=58.0)  # a stub exited: progress
+    assert watch.last_event == "a stub process started or exited" and not watch.stalled(67.0)
+    watch.feed(lifecycle("loading:embedder")[0])
+    watch.feed(lifecycle("failed:embedder")[0])
+    watch.sample({1: 0.0}, now=60.0)
+    assert watch.failed == {"embedder"} and watch.loading == {}
+    assert watch.stalled(70.0)
+    assert watch.describe({}, now=70.0).endswith(
+        "no model load was logged; loaded: tokenizer; failed: embedder"
+    )
+
+
+def test_a_stalled_start_is_restarted_the_first_too(fake_tritonserver, tmp_path):
+    log = tmp_path / "log"
+    proc = supervise(
+        fake_tritonserver,
+        log,
+        *("--stall-timeout-s", "1", "--max-restarts", "1", "--restart-backoff-s", "0.1"),
+        env={"FAKE_HANG": "1"},
+    )
+    code, out = finish(proc, log)
+    assert code == EXIT_RESTARTS_EXHAUSTED, out
+    assert out.count("start stalled: no progress for 1 s (--stall-timeout-s 1; last: ") == 2, out
+    assert "no model load was logged; stopping tritonserver (pid " in out
+    assert "was stopped: its start stalled after" in out
+    assert "restarting tritonserver (restart 1;" in out and "never ready" not in out

@@ -17,6 +17,7 @@ folder made by another job (other input, model or options) is refused, unless ``
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import json
 import sys
@@ -186,8 +187,28 @@ class BulkJob:
             EmbedClientError: another ``triton-embed embed`` is writing to the folder.
         """
         import fcntl
+        import os
+        import stat
 
-        self._lock_file = open(self.out_dir / LOCK, "a+")  # noqa: SIM115 - held until exit
+        path = self.out_dir / LOCK
+        # Never through a link: a planted one would make the job create or lock a file
+        # elsewhere. The lock file stays between runs, so an existing plain file is fine.
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        try:
+            fd = os.open(path, flags, 0o666)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            raise EmbedClientError(
+                f"{path} is a symbolic link; the job's lock file must be a plain file in the "
+                "output folder: remove the link (or name another -o folder) and run again"
+            ) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise EmbedClientError(
+                f"{path} is not a plain file; remove it (or name another -o folder) and run again"
+            )
+        self._lock_file = open(fd, "r+b")  # noqa: SIM115 - held until exit
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -11,19 +11,21 @@ the columns of :func:`schema`:
   float16, or ``ceil(dim / 8)`` uint8 of packed sign bits (ubinary), as the server sent them;
 * ``text``: string, only when the job was asked to keep it.
 
-A shard is written to a hidden temporary file and renamed into place, so a shard file is
-complete or absent; the manifest (the job's settings, each shard's file, rows, id range and
-SHA-256, and whether the job is complete) is replaced the same way after each shard. A Ray
+A shard is written to a hidden temporary file (created exclusively, never through a symbolic
+link: :func:`replace_atomically`) and renamed into place, so a shard file is complete or
+absent; the manifest (the job's settings, each shard's file, rows, id range and SHA-256, and
+whether the job is complete) is replaced the same way after each shard. A Ray
 Data output (:mod:`triton_embed.bulk.ray_data`) has the same columns and no manifest.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -134,13 +136,73 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _replace_atomically(path: Path, write) -> None:
-    """``write(tmp)`` then rename ``tmp`` to ``path`` (same folder), synced to disk."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def temporary_name(path: Path) -> Path:
+    """The temporary that :func:`replace_atomically` writes before ``path``: ``.NAME.tmp``."""
+    return path.with_name(f".{path.name}.tmp")
+
+
+def create_exclusive(path: Path, mode: int = 0o666) -> int:
+    """A new file at ``path``, opened for writing: never an existing file, never a link.
+
+    ``O_CREAT | O_EXCL | O_NOFOLLOW``: whatever lies at ``path`` (a leftover temporary, or a
+    symbolic link planted to make the job overwrite a file outside its folder) makes the
+    call fail instead of being written through. ``mode`` is masked by the umask, as
+    ``open(path, "w")`` would.
+
+    Returns:
+        The file descriptor (the caller closes it).
+
+    Raises:
+        OSError: ``path`` exists (``FileExistsError``), or cannot be created.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.open(path, flags, mode)
+
+
+def replace_atomically(path: Path, write: Callable[[Any], None]) -> None:
+    """Write ``path`` whole or not at all: a temporary, synced to disk, renamed over ``path``.
+
+    The temporary (:func:`temporary_name`, in ``path``'s folder) is removed first if
+    something lies there: ``unlink`` removes a symbolic link itself, never its target, and
+    the folder is the job's (its lock is held). It is then created by
+    :func:`create_exclusive`, so a link planted between the two steps makes the write fail
+    with a message naming it; nothing outside the folder is ever opened for writing. The
+    rename replaces ``path`` itself, even when ``path`` is a link.
+
+    Args:
+        path: the file to replace.
+        write: ``write(file)`` writes the content to a binary file object.
+
+    Raises:
+        OSError: the temporary cannot be created (the message says why and names it), or
+            writing, syncing or renaming failed.
+    """
+    tmp = temporary_name(path)
+    try:
+        os.unlink(tmp)  # a crash's leftover, or a planted link (the link goes, not its target)
+    except FileNotFoundError:
+        pass
+    try:
+        fd = create_exclusive(tmp)
+    except FileExistsError:
+        raise FileExistsError(
+            errno.EEXIST,
+            f"{tmp} appeared while this job was replacing it: another process writes in "
+            f"{path.parent}; stop it (or name another output folder) and run again",
+            str(tmp),
+        ) from None
+    try:
+        with open(fd, "wb", closefd=True) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def _entry(path: Path, shard: Any, first_record: int) -> dict:
@@ -168,13 +230,15 @@ def write_shard(directory: Path, index: int, shard: Any, first_record: int, job_
     path = directory / shard_name(index)
     # No dictionary encoding: embeddings and ids are (nearly) all distinct, and the
     # dictionary builder would hold a hash table as large as the shard.
-    _replace_atomically(path, lambda tmp: pq.write_table(shard, tmp, use_dictionary=False))
+    replace_atomically(path, lambda f: pq.write_table(shard, f, use_dictionary=False))
     return _entry(path, shard, first_record)
 
 
 def shard_entry_if_complete(directory: Path, index: int, first_record: int, job_id: str):
     """The manifest entry of shard ``index`` if its file is there, whole and of this job."""
     path = directory / shard_name(index)
+    if path.is_symlink():  # a shard is a file the job wrote, never a link to elsewhere
+        return None
     try:
         meta = pq.read_metadata(path).metadata or {}
         stated = json.loads(meta.get(SHARD_METADATA_KEY, b"{}"))
@@ -189,7 +253,7 @@ def shard_entry_if_complete(directory: Path, index: int, first_record: int, job_
 def write_manifest(directory: Path, manifest: dict) -> None:
     """Replace ``_manifest.json`` atomically."""
     text = json.dumps(manifest, indent=2, ensure_ascii=False) + "\n"
-    _replace_atomically(directory / MANIFEST, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    replace_atomically(directory / MANIFEST, lambda f: f.write(text.encode("utf-8")))
 
 
 def read_manifest(directory: Path) -> dict | None:

@@ -15,6 +15,13 @@ Records are numbered from 0 in file order (the *record index*, which shards are 
 file once, so memory does not grow with the corpus. :meth:`Source.fingerprint` is the
 SHA-256 of the file's bytes and the reading settings: a job refuses to continue an output
 made from other input.
+
+What :meth:`Source.chunks` reads is hashed as it streams (text, JSON Lines: every byte of
+every line; Parquet: the bytes of the file it opened, once its rows are read) and checked
+against the fingerprint and record count taken before: an input that grows, shrinks or is
+rewritten while a job reads it raises :class:`InputChangedError` (a record past the count
+at once, any other change at the end, before the last records are handed out), so a job
+never completes under a fingerprint that is not what it embedded.
 """
 
 from __future__ import annotations
@@ -55,6 +62,10 @@ class Chunk:
 
 class InputError(ValueError):
     """The input cannot be read as asked; the message names the file, line and the fix."""
+
+
+class InputChangedError(InputError):
+    """The input changed while it was read: what was read is not the fingerprinted file."""
 
 
 def detect_format(path: Path, fmt: str) -> str:
@@ -100,6 +111,9 @@ class Source:
         self.format = detect_format(self.path, fmt)
         self.text_field = text_field
         self.id_field = id_field
+        # What the last fingerprint() and count() saw: chunks() checks what it reads against them.
+        self._fingerprint: str | None = None
+        self._count: int | None = None
         try:
             self.id_type, self.has_ids = self._id_kind()
         except (OSError, ValueError) as exc:  # pyarrow: not Parquet, unreadable
@@ -148,23 +162,66 @@ class Source:
             "id_type": self.id_type,
         }
 
-    def fingerprint(self) -> str:
-        """``sha256:<hex>`` of the file's bytes and the reading settings."""
+    def _digest(self):
+        """A SHA-256 fed with the reading settings: the file's bytes come next."""
         digest = hashlib.sha256()
         settings = {k: v for k, v in self.describe().items() if k != "path"}
         digest.update(json.dumps(settings, sort_keys=True).encode())
+        return digest
+
+    def fingerprint(self) -> str:
+        """``sha256:<hex>`` of the file's bytes and the reading settings.
+
+        :meth:`chunks` then checks that what it reads has this fingerprint.
+        """
+        digest = self._digest()
         with open(self.path, "rb") as f:
-            while block := f.read(HASH_BLOCK):
-                digest.update(block)
-        return f"sha256:{digest.hexdigest()}"
+            _hash_file(f, digest)
+        self._fingerprint = f"sha256:{digest.hexdigest()}"
+        return self._fingerprint
 
     def count(self) -> int:
-        """Records in the input (reads it once; Parquet: from its footer)."""
+        """Records in the input (reads it once; Parquet: from its footer).
+
+        :meth:`chunks` then checks that it reads this many records.
+        """
         if self.format == "parquet":
             import pyarrow.parquet as pq
 
-            return pq.ParquetFile(self.path).metadata.num_rows
-        return sum(1 for _ in self._lines())
+            self._count = pq.ParquetFile(self.path).metadata.num_rows
+        else:
+            self._count = sum(1 for _ in self._lines())
+        return self._count
+
+    def _changed(self, what: str) -> InputChangedError:
+        return InputChangedError(
+            f"{self.path} changed while this job read it: {what}. The output is not complete. "
+            "Keep the input unchanged while a job reads it (copy it first if another program "
+            "writes to it), then run the same command again, with --overwrite if the input "
+            "now differs from the one the output was started with"
+        )
+
+    def _check_count(self, index: int) -> None:
+        """Raise when record ``index`` lies past the records :meth:`count` found."""
+        if self._count is not None and index >= self._count:
+            raise self._changed(
+                f"it holds more than the {self._count} records it held when the job started "
+                "(lines were appended)"
+            )
+
+    def _check_read(self, records: int, digest) -> None:
+        """Raise when the ``records`` read and their bytes' ``digest`` are not the input's."""
+        if self._count is not None and records != self._count:
+            raise self._changed(
+                f"{records} records were read, {self._count} when the job started (it was "
+                "truncated or rewritten)"
+            )
+        read = f"sha256:{digest.hexdigest()}"
+        if self._fingerprint is not None and read != self._fingerprint:
+            raise self._changed(
+                f"the bytes read (SHA-256 {read[7:19]}...) are not those of the file the job "
+                f"started with ({self._fingerprint[7:19]}...): it was rewritten"
+            )
 
     # ---- reading ------------------------------------------------------------------------
 
@@ -182,8 +239,13 @@ class Source:
         texts: list[str] = []
         lines: list[int] = []
         first = start
-        records = self._text_records() if self.format == "text" else self._jsonl_records()
+        digest = self._digest()
+        records = (
+            self._text_records(digest) if self.format == "text" else self._jsonl_records(digest)
+        )
+        index = -1
         for index, (record_id, text, line) in enumerate(records):
+            self._check_count(index)
             if index < start:
                 continue
             ids.append(record_id)
@@ -193,13 +255,20 @@ class Source:
                 yield Chunk(first, ids, texts, lines)
                 first += size
                 ids, texts, lines = [], [], []
+        self._check_read(index + 1, digest)  # before the last records are handed out
         if texts:
             yield Chunk(first, ids, texts, lines)
 
-    def _lines(self) -> Iterator[tuple[int, str]]:
-        """``(1-based line number, line)`` of every non-blank line, decoded as UTF-8."""
+    def _lines(self, digest=None) -> Iterator[tuple[int, str]]:
+        """``(1-based line number, line)`` of every non-blank line, decoded as UTF-8.
+
+        Args:
+            digest: a ``hashlib`` object that is fed every byte read, or ``None``.
+        """
         with open(self.path, "rb") as f:
             for lineno, raw in enumerate(f, 1):
+                if digest is not None:
+                    digest.update(raw)
                 bom = len(BOM) if lineno == 1 and raw.startswith(BOM) else 0
                 try:
                     line = raw[bom:].decode("utf-8")  # a BOM on line 1 is dropped
@@ -213,15 +282,15 @@ class Source:
                 if line.strip():
                     yield lineno, line
 
-    def _text_records(self) -> Iterator[tuple[int, str, int]]:
-        for lineno, line in self._lines():
+    def _text_records(self, digest=None) -> Iterator[tuple[int, str, int]]:
+        for lineno, line in self._lines(digest):
             yield lineno - 1, line, lineno
 
-    def _jsonl_records(self, first_only: bool = False) -> Iterator:
+    def _jsonl_records(self, digest=None, first_only: bool = False) -> Iterator:
         """``(id, text, line)`` of each record; with ``first_only``, one ``(id_type, has_ids)``."""
         id_type: str | None = None
         with_ids = False
-        for lineno, line in self._lines():
+        for lineno, line in self._lines(digest):
             try:
                 record = json.loads(line)
             except ValueError as exc:
@@ -259,11 +328,17 @@ class Source:
         import pyarrow.parquet as pq
 
         columns = [self.text_field] + ([self.id_field] if self.has_ids else [])
+        with open(self.path, "rb") as f:  # one open file: what is read is what is hashed
+            parquet = pq.ParquetFile(f)
+            self._check_count(parquet.metadata.num_rows - 1)
+            yield from self._parquet_batches(parquet, size, start, columns, f)
+
+    def _parquet_batches(self, parquet, size: int, start: int, columns: list[str], f):
         row = 0
         pending_ids: list = []
         pending_texts: list = []
         first = start
-        for batch in pq.ParquetFile(self.path).iter_batches(batch_size=size, columns=columns):
+        for batch in parquet.iter_batches(batch_size=size, columns=columns):
             rows = batch.num_rows
             if row + rows <= start:
                 row += rows
@@ -293,9 +368,19 @@ class Source:
                             list(range(first, first + n)))  # fmt: skip
                 first += n
                 pending_ids, pending_texts = pending_ids[size:], pending_texts[size:]
+        digest = self._digest()
+        f.seek(0)
+        _hash_file(f, digest)
+        self._check_read(row, digest)  # before the last records are handed out
         if pending_texts:
             yield Chunk(first, pending_ids, pending_texts,
                         list(range(first, first + len(pending_texts))))  # fmt: skip
+
+
+def _hash_file(f, digest) -> None:
+    """Feed ``digest`` every byte of the open binary file ``f`` from where it stands."""
+    while block := f.read(HASH_BLOCK):
+        digest.update(block)
 
 
 def _json_id_type(value: object) -> str | None:

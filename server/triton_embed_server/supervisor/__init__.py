@@ -23,6 +23,13 @@ to 2.51:
   restart, at most ``--restart-backoff-max-s``). The HTTP/gRPC ports are closed meanwhile:
   readiness fails and clients get UNAVAILABLE. A server not ready ``--ready-timeout-s``
   after its start (a model load can hang) is stopped and counts as a death;
+* a start that makes no progress for ``--stall-timeout-s`` seconds (60; no model state
+  change in the server's log, which the supervisor reads as it passes it on, no stub started
+  or gone, under a second of CPU used: :mod:`~triton_embed_server.supervisor.startup`) is
+  stopped with a line ``[supervisor] start stalled: ...`` naming the models still loading
+  and their stubs, and restarted (a first start too: a hang is not a bad command line);
+* the ``/dev/shm`` regions of this server's stubs that are gone (killed, or died) are
+  removed after a reload and after the server exits, and only those;
 * at most ``--max-restarts`` restarts in ``--restart-window-s`` seconds: the next death
   makes it exit with :data:`EXIT_RESTARTS_EXHAUSTED` (75) and a message saying so, so an
   orchestrator takes over. A first server that stops before it was ever ready (a bad command
@@ -49,6 +56,8 @@ The package, one job per module:
 * :mod:`~triton_embed_server.supervisor.server_api`: the server's HTTP API (readiness,
   configs, model loads);
 * :mod:`~triton_embed_server.supervisor.server_args`: reading tritonserver's arguments;
+* :mod:`~triton_embed_server.supervisor.startup`: a start that makes no progress (read from
+  the server's log and CPU time);
 * :mod:`~triton_embed_server.supervisor.command`: :func:`main`, the supervisor's own options
   (``python -m triton_embed_server.supervisor`` runs it).
 """
@@ -67,10 +76,12 @@ from triton_embed_server.supervisor.processes import (
     STUB_MARKER,
     busy_ports,
     child_stubs,
+    group_stub_regions,
     is_running,
     leftover_stubs,
     remove_shm_regions,
     stop_processes,
+    stub_instance_name,
     stub_model_name,
     stub_parent_pid,
     stub_shm_region,
@@ -94,6 +105,7 @@ __all__ = [
     "child_stubs",
     "describe_exit",
     "exit_status",
+    "group_stub_regions",
     "is_running",
     "leftover_stubs",
     "main",
@@ -103,6 +115,7 @@ __all__ = [
     "server_endpoints",
     "stop_processes",
     "stub_model_name",
+    "stub_instance_name",
     "stub_parent_pid",
     "stub_shm_region",
 ]

@@ -14,6 +14,7 @@ from pathlib import Path
 from triton_embed_server.supervisor.core import Supervisor
 from triton_embed_server.supervisor.policy import EXIT_RESTARTS_EXHAUSTED, RestartPolicy
 from triton_embed_server.supervisor.server_args import server_arguments
+from triton_embed_server.supervisor.startup import DEFAULT_STALL_S
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,6 +68,13 @@ def main(argv: list[str] | None = None) -> int:
         default=600.0,
         help="a server not ready this long after its start is stopped (and restarted)",
     )
+    parser.add_argument(
+        "--stall-timeout-s",
+        type=float,
+        default=DEFAULT_STALL_S,
+        help="a start with no progress this long (no model state change in the log, no stub "
+        "started or gone, under a second of CPU used) is stopped and restarted; 0: off",
+    )
     parser.add_argument("--tritonserver", default=str(Path(sys.prefix) / "bin" / "tritonserver"))
     opts = parser.parse_args(own)
     from triton_embed_server import shm
@@ -98,5 +106,6 @@ def main(argv: list[str] | None = None) -> int:
         opts.stub_grace_s,
         opts.port_timeout_s,
         opts.ready_timeout_s,
+        opts.stall_timeout_s,
     )
     return supervisor.run()

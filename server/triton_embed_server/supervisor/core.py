@@ -32,9 +32,15 @@ from triton_embed_server.supervisor.processes import (
     leftover_stubs,
     remove_shm_regions,
     stop_processes,
+    stub_instance_name,
 )
 from triton_embed_server.supervisor.server_api import ServerApi
 from triton_embed_server.supervisor.server_args import server_endpoints
+from triton_embed_server.supervisor.startup import DEFAULT_STALL_S, StartWatch
+
+#: Seconds a stalled server gets after SIGTERM before SIGKILL: it is blocked in its model
+#: load, which SIGTERM does not interrupt.
+STALLED_STOP_S = 10.0
 
 
 class Supervisor:
@@ -49,6 +55,10 @@ class Supervisor:
         port_timeout_s: how long a restart waits for the dead server's ports to be free.
         ready_timeout_s: a server not ready this long after its start is stopped (and
             restarted, unless it is the first): a Python-backend model load can hang.
+        stall_s: a start with no progress for this long (no model state change in the
+            server's log, no stub started or gone, under a second of CPU used:
+            :mod:`~triton_embed_server.supervisor.startup`) is stopped and restarted, the
+            first start too, with a line naming the models still loading; 0: off.
     """
 
     def __init__(
@@ -60,8 +70,10 @@ class Supervisor:
         stub_grace_s: float = 5.0,
         port_timeout_s: float = 60.0,
         ready_timeout_s: float = 600.0,
+        stall_s: float = DEFAULT_STALL_S,
     ):
         self.command = command
+        self.stall_s = stall_s
         self.poll_s = poll_s
         self.max_reloads = max_reloads
         self.policy = policy or RestartPolicy()
@@ -80,10 +92,29 @@ class Supervisor:
         self._died_at: float | None = None  # time.monotonic() of the last death
         self._last_exit = ""
         self._stop = threading.Event()
+        self._start_stalled = False  # the current server was stopped because its start stalled
+        self.ever_ready_now = False  # the current server was ready (its start is over)
+        self._watch: StartWatch | None = None
+        self._output_lock = threading.Lock()  # one line at a time on stderr
 
     def log(self, message: str) -> None:
         """Write one ``[supervisor]`` line to stderr."""
-        print(f"[supervisor] {message}", file=sys.stderr, flush=True)
+        with self._output_lock:
+            print(f"[supervisor] {message}", file=sys.stderr, flush=True)
+
+    def _copy_output(self, pipe, out) -> None:
+        """Copy the server's output ``pipe`` to ``out`` line by line; feed the start watch.
+
+        Ends when every writer (the server and its stubs) has closed the pipe.
+        """
+        watch = self._watch
+        with pipe:
+            for line in iter(pipe.readline, b""):
+                with self._output_lock:
+                    out.write(line)
+                    out.flush()
+                if watch is not None and not self.ever_ready_now:
+                    watch.feed(line.decode("utf-8", "replace"))
 
     def _load(self, model: str) -> bool:
         """Reload ``model`` with fresh instances.
@@ -168,7 +199,7 @@ class Supervisor:
                 return exit_status(code)
             if self.policy.max_restarts <= 0:
                 return EXIT_RELOAD_FAILED if reloads_failed else exit_status(code)
-            if not self.ever_ready:
+            if not self.ever_ready and not self._start_stalled:  # a stall is no bad config
                 self.log("it was never ready (a bad command line or model?); not restarting it")
                 return exit_status(code) or 1
             delay = self.policy.delay(history, self._died_at)
@@ -200,7 +231,17 @@ class Supervisor:
         """
         self._seen = {}
         self._started_at = time.time()
-        self.process = subprocess.Popen(self.command)
+        self._start_stalled = False
+        self.ever_ready_now = False  # the current server's start is over (it was ready)
+        self._watch = StartWatch(time.monotonic(), self.stall_s) if self.stall_s > 0 else None
+        # The server's output goes through the supervisor: during a start its model states
+        # are only in its log (its HTTP endpoint opens once every model is loaded).
+        self.process = subprocess.Popen(
+            self.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for pipe, out in ((self.process.stdout, sys.stdout.buffer),
+                          (self.process.stderr, sys.stderr.buffer)):  # fmt: skip
+            threading.Thread(target=self._copy_output, args=(pipe, out), daemon=True).start()
         if self._stop.is_set():  # SIGTERM/SIGINT arrived while no server was running
             self.process.send_signal(signal.SIGTERM)
         try:
@@ -227,6 +268,10 @@ class Supervisor:
             if self._stop.is_set():
                 continue
             if not ready:
+                if self._start_stalled_now(current):
+                    code = self._stop_server(timeout_s=STALLED_STOP_S)
+                    self._start_stalled = True
+                    return code, "was stopped: its start stalled", False
                 if time.monotonic() - started > self.ready_timeout_s:
                     self.log(
                         f"tritonserver not ready after {self.ready_timeout_s:g} s "
@@ -235,16 +280,22 @@ class Supervisor:
                     code = self._stop_server(timeout_s=30.0)
                     return code, f"was stopped: not ready after {self.ready_timeout_s:g} s", False
                 if self.api.status("/v2/health/ready") == 200:
-                    ready, self.ever_ready = True, True
+                    ready, self.ever_ready, self.ever_ready_now = True, True, True
                     now = time.monotonic()
+                    quiet = (
+                        f"; longest stretch without progress {self._watch.longest_quiet_s:.1f} s"
+                        f" (--stall-timeout-s {self.stall_s:g})"
+                        if self._watch is not None
+                        else ""
+                    )
                     if self._died_at is not None:
                         self.log(
                             f"tritonserver ready again {now - self._died_at:.1f} s after it "
                             f"{self._last_exit} (restart {self.restarts}; this start took "
-                            f"{now - started:.1f} s)"
+                            f"{now - started:.1f} s{quiet})"
                         )
                     else:
-                        self.log(f"tritonserver ready after {now - started:.1f} s")
+                        self.log(f"tritonserver ready after {now - started:.1f} s{quiet}")
                     expected = self.expected_stubs()
                     watched = self._ready_models() or set(expected)
                     self.log(f"watching stub processes per model: {json.dumps(expected)}")
@@ -283,6 +334,42 @@ class Supervisor:
                         self.log(f"{failures} reloads failed; stopping the server")
                         code = self._stop_server()
                         return code, f"was stopped after {failures} failed reloads", True
+
+    def _start_stalled_now(self, current: dict[int, str]) -> bool:
+        """Sample the start's progress; when it stalled, log which models and return True.
+
+        Args:
+            current: the server's live stubs, ``{pid: model}`` (:meth:`stubs`).
+        """
+        watch = self._watch
+        if watch is None:
+            return False
+        import psutil
+
+        now = time.monotonic()
+        cpu: dict[int, float] = {}
+        procs = [(self.process.pid, None)] + [(pid, self._seen[pid][0]) for pid in current]
+        for pid, proc in procs:
+            try:
+                times = (proc or psutil.Process(pid)).cpu_times()
+                cpu[pid] = times.user + times.system
+            except psutil.Error:
+                pass
+        watch.sample(cpu, now)
+        if not watch.stalled(now):
+            return False
+        stubs = {}
+        for pid, model in current.items():
+            try:
+                instance = stub_instance_name(self._seen[pid][0].cmdline()) or model
+            except psutil.Error:
+                instance = model
+            stubs[pid] = (model, instance)
+        self.log(
+            f"{watch.describe(stubs, now)}; stopping tritonserver (pid {self.process.pid}): "
+            f"SIGTERM, then SIGKILL after {STALLED_STOP_S:g} s; it will be restarted"
+        )
+        return True
 
     def _ready_models(self) -> set[str] | None:
         """The server's READY models, or ``None`` when it cannot tell (keep what we had)."""
@@ -370,6 +457,22 @@ class Supervisor:
                 f"{self.stub_grace_s:g} s"
             )
             stop_processes(procs, self.stub_grace_s, self.log)
+        self._remove_dead_regions()
+
+    def _remove_dead_regions(self) -> None:
+        """Remove the ``/dev/shm`` regions of this server's stubs that are gone.
+
+        A stub that was killed (or died) leaves its region behind, and Triton 2.51 keeps it
+        for as long as the replaced version never finishes unloading: a reload after a
+        stub death would leak one region each. Only stubs this supervisor saw under this
+        server are candidates, never another server's.
+        """
+        gone = {pid: region for pid, (proc, region) in self._seen.items() if not is_running(proc)}
+        removed = remove_shm_regions(gone.values())
+        for pid in gone:
+            del self._seen[pid]
+        if removed:
+            self.log(f"removed {len(removed)} shared-memory regions of stubs that are gone")
 
     def _wait_for_stub_count(self, model: str, expected: int, timeout_s: float = 60.0) -> None:
         """After a reload, wait until the old instances are gone and the new ones run."""

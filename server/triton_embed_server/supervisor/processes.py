@@ -44,6 +44,18 @@ def stub_shm_region(cmdline: list[str]) -> str | None:
     return name if name.startswith(SHM_PREFIX) and "/" not in name else None
 
 
+def stub_instance_name(cmdline: list[str]) -> str | None:
+    """The model instance a Python-backend stub runs (its eighth argument, ``NAME_G_I``).
+
+    The stub's arguments (python_backend ``StubLauncher::Launch``): model path, shm region,
+    shm default and growth sizes, parent PID, Python library folder, IPC control handle,
+    instance name, runtime model folder.
+    """
+    if not cmdline or STUB_MARKER not in cmdline[0] or len(cmdline) < 9:
+        return None
+    return cmdline[8]
+
+
 def child_stubs(server_pid: int) -> dict[int, tuple[object, str, str | None]]:
     """The live stub processes below ``server_pid`` (zombies left out).
 
@@ -96,6 +108,30 @@ def leftover_stubs(server_pid: int, started_at: float) -> dict[int, tuple[object
         ):
             out[proc.pid] = (proc, stub_shm_region(cmdline))
     return out
+
+
+def group_stub_regions(pgid: int) -> list[str]:
+    """The ``/dev/shm`` regions of the live stub processes in process group ``pgid``.
+
+    A server started in its own session (``start_new_session``) has its supervisor,
+    tritonserver and every stub in one group: these regions are that server's, never
+    another's (each region name is a UUID that only its stub's command line names).
+    """
+    import os
+
+    import psutil
+
+    regions = []
+    for proc in psutil.process_iter(["cmdline"]):
+        region = stub_shm_region(proc.info["cmdline"] or [])
+        if region is None:
+            continue
+        try:
+            if os.getpgid(proc.pid) == pgid:
+                regions.append(region)
+        except OSError:  # gone meanwhile
+            pass
+    return regions
 
 
 def is_running(proc) -> bool:

@@ -13,7 +13,7 @@ import triton_python_backend_utils as pb_utils
 from triton_embed import codec
 
 from triton_embed_server.config import TokenizerConfig
-from triton_embed_server.errors import EmbedServingError, to_triton_error
+from triton_embed_server.errors import CancelledError, EmbedServingError, to_triton_error
 from triton_embed_server.metrics import StepMetrics
 from triton_embed_server.tokenization import (
     TextRequest,
@@ -34,7 +34,8 @@ class TritonPythonModel:
         self.metrics = StepMetrics(pb_utils, "tokenizer", args["model_instance_name"]).start()
         pb_utils.Logger.log_info(
             f"tokenizer {args['model_instance_name']}: {self.config.model_path.name}, "
-            f"max_length={self.config.max_length}, truncation={self.config.truncation.value}"
+            f"max_length={self.config.max_length}, truncation={self.config.truncation.value}, "
+            f"max_request_tokens={self.config.max_request_tokens}"
         )
 
     def execute(self, requests):
@@ -43,6 +44,8 @@ class TritonPythonModel:
         for r, request in enumerate(requests):
             texts = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy().reshape(-1)
             try:
+                if request.is_cancelled():
+                    raise CancelledError("the request was cancelled before it was tokenized")
                 options = parse_request_options(json.loads(request.parameters() or "{}"))
             except EmbedServingError as exc:
                 option_errors[r] = exc

@@ -13,7 +13,7 @@ import triton_python_backend_utils as pb_utils
 from triton_embed import codec
 
 from triton_embed_server.config import TokenizerConfig
-from triton_embed_server.errors import CancelledError, EmbedServingError, to_triton_error
+from triton_embed_server.errors import EmbedServingError, to_triton_error
 from triton_embed_server.metrics import StepMetrics
 from triton_embed_server.tokenization import (
     TextRequest,
@@ -39,13 +39,16 @@ class TritonPythonModel:
         )
 
     def execute(self, requests):
-        """Tokenize every request of the batch in one call; errors stay per request."""
+        """Tokenize every request of the batch in one call; errors stay per request.
+
+        No ``request.is_cancelled()`` here: it is one round trip to the Triton process,
+        about what tokenizing a short request costs, and Triton already drops a request
+        cancelled in this step's queue and checks again before the ensemble's next step.
+        """
         text_requests, option_errors = [], {}
         for r, request in enumerate(requests):
             texts = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy().reshape(-1)
             try:
-                if request.is_cancelled():
-                    raise CancelledError("the request was cancelled before it was tokenized")
                 options = parse_request_options(json.loads(request.parameters() or "{}"))
             except EmbedServingError as exc:
                 option_errors[r] = exc

@@ -16,9 +16,9 @@ embedded exactly once, in input order, or the call raises.
 
 Work nobody waits for is stopped: when one request of an ``embed`` call fails (a refused
 text, a timeout, an error) the call raises at once, the requests not yet sent are not sent,
-and those in flight are cancelled (gRPC cancellation, which Triton passes on to the queued
-request and to its ensemble steps). A request that passes ``timeout_s`` is cancelled too, by
-its gRPC deadline.
+and those in flight are cancelled (gRPC cancellation: Triton 2.51 then stops an ensemble
+request before its next step; see docs/input-contract.md, "Cancelled requests"). A request
+that passes ``timeout_s`` is cancelled too, by its gRPC deadline.
 """
 
 from __future__ import annotations

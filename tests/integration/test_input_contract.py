@@ -343,16 +343,34 @@ def test_embedder_refuses_more_windows_than_max_chunks_and_serves_its_batch(serv
     assert_still_serving(server, grpcclient.InferenceServerClient(server.grpc_url))
 
 
+def embedder_outcomes(server):
+    """(requests the embedder step embedded, refused as too_much_work, answered CANCELLED),
+    from its own metrics once they are flushed."""
+    from triton_embed_server.metrics import REPORT_INTERVAL_S
+
+    from tests.helpers import metric_sum
+
+    time.sleep(REPORT_INTERVAL_S + 1)
+    samples = server.metric_samples()
+    failed = "triton_embed_requests_failed_total"
+    return (
+        metric_sum(samples, "triton_embed_requests_succeeded_total", model="embedder"),
+        metric_sum(samples, failed, model="embedder", reason="too_much_work"),
+        metric_sum(samples, failed, model="embedder", reason="cancelled"),
+    )
+
+
 def test_embedder_refuses_a_request_over_its_token_budget(server, grpc_client):
     """17 texts x 16 windows x 256 IDs = 69,632 token IDs, over the 65,536 per request."""
-    before = step_counts(server, grpc_client, "embedder")
+    before = embedder_outcomes(server)
     result = infer_or_error(grpc_client, "embedder", windowed(16, n_texts=17))
     assert_invalid(
         result,
         "the request has 69632 token IDs, over the embedder's budget of 65536 per request",
         "max_request_tokens",
     )
-    assert step_counts(server, grpc_client, "embedder")[0] == before[0]
+    after = embedder_outcomes(server)
+    assert (after[0] - before[0], after[1] - before[1]) == (0, 1)  # refused, nothing embedded
     assert not isinstance(infer_or_error(grpc_client, "embedder", windowed(16, 16)), Exception)
     assert_still_serving(server, grpc_client)
 
@@ -415,34 +433,51 @@ def test_normalize_false_returns_the_pooled_vectors_without_the_normalize_module
     np.testing.assert_allclose(np.linalg.norm(default, axis=1), 1, rtol=1e-5)
 
 
-def test_a_cancelled_queued_request_never_reaches_the_engine(server):
-    """Both embedder instances busy; 3 requests queued behind them are cancelled: Triton
-    2.51 drops them (its ensemble and dynamic batcher check for cancellation), the engine
-    embeds only the two that were not cancelled."""
-    busy = [f"busy {i} " + "word " * 1_000 for i in range(16)]  # 16 x 4 windows each
+def test_cancelled_requests_queued_at_the_embedder(server):
+    """What Triton 2.51 does with requests cancelled while they wait for a busy embedder.
+
+    Both embedder instances are busy; 3 ``embed`` requests (already through the tokenizer
+    step) and 3 requests sent straight to ``embedder`` wait behind them; their clients cancel
+    all 6. The direct ones are not embedded (dropped from the dynamic batcher's queue, or
+    answered CANCELLED by the step's ``request.is_cancelled()``). The ensemble's ones *are*
+    embedded: 2.51 checks a cancelled ensemble request only between its steps and does not
+    cancel the composing model's request already queued (``is_cancelled()`` is false there).
+    """
     client = grpcclient.InferenceServerClient(server.grpc_url)
-    before = settled_counts(server, client, "embedder")
+    settled_counts(server, client, "embedder")
+    before = embedder_outcomes(server)
     answers = []
+
+    def answered(result, error):
+        answers.append(error)
+
     with ThreadPoolExecutor(max_workers=2) as pool:
-        running = [pool.submit(call, grpcclient.InferenceServerClient(server.grpc_url), busy,
-                               truncation="CHUNK") for _ in range(2)]  # fmt: skip
-        time.sleep(0.5)
-        queued = [
-            client.async_infer(
-                "embed",
-                [text_input(busy)],
-                lambda result, error: answers.append(error),
-                parameters={"truncation": "CHUNK"},
+        busy = [
+            pool.submit(
+                infer_or_error, grpcclient.InferenceServerClient(server.grpc_url), "embedder",
+                windowed(16, n_texts=4),
             )
-            for _ in range(3)
-        ]
-        time.sleep(0.3)
+            for _ in range(2)
+        ]  # fmt: skip
+        time.sleep(0.5)
+        good = encode_token_ids([[101, 7592, 102]])[0]
+        arr = np.empty((1, 1), dtype=object)
+        arr[0, 0] = good
+        direct = grpcclient.InferInput("TOKEN_IDS", [1, 1], "BYTES")
+        direct.set_data_from_numpy(arr)
+        queued = [
+            client.async_infer("embed", [text_input([f"queued {i}"])], answered) for i in range(3)
+        ] + [client.async_infer("embedder", [direct], answered) for _ in range(3)]
+        time.sleep(1.0)  # tokenized at once, now waiting for an embedder instance
         for context in queued:
             context.cancel()
-        assert all(f.result()[0].shape == (16, DIM) for f in running)
-    after = settled_counts(server, client, "embedder")
-    assert after[0] - before[0] == 2, (before, after)
-    assert len(answers) == 3 and all(e.status() == "StatusCode.CANCELLED" for e in answers)
+        assert all(not isinstance(f.result(), Exception) for f in busy)
+    settled_counts(server, client, "embedder")
+    after = embedder_outcomes(server)
+    embedded, cancelled = after[0] - before[0], after[2] - before[2]
+    print(f"embedded {embedded} (2 busy + the ensemble's), {cancelled} answered CANCELLED")
+    assert len(answers) == 6 and all(e.status() == "StatusCode.CANCELLED" for e in answers)
+    assert embedded == 2 + 3  # the 3 direct requests were not embedded
     assert_still_serving(server, client)
 
 

@@ -452,13 +452,15 @@ def test_cancelled_requests_queued_at_the_embedder(server):
         answers.append(error)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        busy = [
-            pool.submit(
-                infer_or_error, grpcclient.InferenceServerClient(server.grpc_url), "embedder",
-                windowed(16, n_texts=4),
+        t0 = time.monotonic()
+
+        def busy_call():
+            result = infer_or_error(
+                grpcclient.InferenceServerClient(server.grpc_url), "embedder", windowed(16, 16)
             )
-            for _ in range(2)
-        ]  # fmt: skip
+            return result, time.monotonic() - t0
+
+        busy = [pool.submit(busy_call) for _ in range(2)]  # 65,536 tokens each
         time.sleep(0.5)
         good = encode_token_ids([[101, 7592, 102]])[0]
         arr = np.empty((1, 1), dtype=object)
@@ -471,12 +473,16 @@ def test_cancelled_requests_queued_at_the_embedder(server):
         time.sleep(1.0)  # tokenized at once, now waiting for an embedder instance
         for context in queued:
             context.cancel()
-        assert all(not isinstance(f.result(), Exception) for f in busy)
+        cancelled_at = time.monotonic() - t0
+        done = [f.result() for f in busy]
+    assert all(not isinstance(r, Exception) for r, _ in done)
+    assert min(s for _, s in done) > cancelled_at + 0.5, (cancelled_at, done)  # still busy
     settled_counts(server, client, "embedder")
     after = embedder_outcomes(server)
     embedded, cancelled = after[0] - before[0], after[2] - before[2]
     print(f"embedded {embedded} (2 busy + the ensemble's), {cancelled} answered CANCELLED")
-    assert len(answers) == 6 and all(e.status() == "StatusCode.CANCELLED" for e in answers)
+    assert len(answers) == 6, answers
+    assert all(e is not None and e.status() == "StatusCode.CANCELLED" for e in answers), answers
     assert embedded == 2 + 3  # the 3 direct requests were not embedded
     assert_still_serving(server, client)
 

@@ -168,8 +168,7 @@ class ModelSpec:
         if not ok:
             raise ValueError(
                 f"request parameter dimensions={quote(dimensions)} is not a dimension of this "
-                "model; "
-                f"allowed: {self.allowed_dimensions()}"
+                f"model; allowed: {self.allowed_dimensions()}"
             )
 
     def describe(self) -> dict[str, Any]:

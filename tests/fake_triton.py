@@ -63,8 +63,26 @@ class FakeTriton:
         counts = np.array([[min(len(t.split()) + 2, self.max_tokens)] for t in texts], np.int32)
         return _Result({"EMBEDDING": encode_embeddings(vectors), "NUM_TOKENS": counts})
 
+    def async_infer(self, model, inputs, callback, **kwargs):
+        """Answer at once through ``callback`` (as ``infer`` would); a cancellable context."""
+        try:
+            result, error = self.infer(model, inputs, **kwargs), None
+        except InferenceServerException as exc:
+            result, error = None, exc
+        callback(result=result, error=error)
+        return _Context()
+
     def close(self) -> None:
         pass
+
+
+class _Context:
+    """``tritonclient.grpc.CallContext`` of a call that already answered."""
+
+    cancelled = 0
+
+    def cancel(self) -> None:
+        _Context.cancelled += 1
 
 
 def install(monkeypatch) -> type[FakeTriton]:

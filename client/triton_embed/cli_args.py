@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 from triton_embed.client import DEFAULT_MODEL, DEFAULT_URL
-from triton_embed.options import DEFAULT_TRUNCATION, Truncation
+from triton_embed.options import DEFAULT_TRUNCATION, Truncation, parse_flag
 from triton_embed.retry import DEFAULT_MAX_WAIT_S, DEFAULT_RETRIES
 
 
@@ -27,6 +27,14 @@ def _int_at_least(raw: str, minimum: int) -> int:
 def positive_int(raw: str) -> int:
     """Argparse type: a whole number >= 1 (argparse names the flag in its error)."""
     return _int_at_least(raw, 1)
+
+
+def flag(raw: str) -> bool:
+    """Argparse type: ``true``/``false`` (or ``1``/``0``), case-insensitive."""
+    try:
+        return parse_flag(raw, "value")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def non_negative_int(raw: str) -> int:
@@ -117,6 +125,14 @@ def add_connection_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="cut vectors to their first N values, L2-normalized again (one of the model's "
         "Matryoshka dimensions; query with the dimensions the corpus was embedded with)",
+    )
+    p.add_argument(
+        "--normalize",
+        type=flag,
+        default=None,
+        metavar="{true,false}",
+        help="false = the pooled vectors without L2 normalization (as TEI's normalize=false); "
+        "true = L2-normalized (default: the model's own, normalized for all-MiniLM-L6-v2)",
     )
     add_retry_args(p)
 

@@ -196,6 +196,7 @@ def run_embed(args: argparse.Namespace) -> dict:
         input_type=args.input_type or "document",  # a corpus is documents
         dimensions=args.dimensions,
         embedding_type=args.embedding_type,
+        normalize=args.normalize,
     ) as client:
         # None: tqdm hides the bar when stderr is not a terminal (logs get no \r updates)
         bar = tqdm(
@@ -326,6 +327,7 @@ def run_query(args: argparse.Namespace) -> list[dict]:
         admin_key=_key_from_file(args),  # None: the client reads the environment
         retry=_retry_policy(args),
         dimensions=args.dimensions,
+        normalize=args.normalize,
     ) as client:
         try:
             qv = _embed_queries(client, args.queries, args.input_type)

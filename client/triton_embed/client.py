@@ -13,6 +13,12 @@ A request the server refuses because it is overloaded (or that cannot reach it) 
 again after a random, exponentially growing wait (:class:`~triton_embed.retry.RetryPolicy`,
 ``retry=``); each batch is retried on its own and lands in its own place, so every text is
 embedded exactly once, in input order, or the call raises.
+
+Work nobody waits for is stopped: when one request of an ``embed`` call fails (a refused
+text, a timeout, an error) the call raises at once, the requests not yet sent are not sent,
+and those in flight are cancelled (gRPC cancellation: Triton 2.51 then stops an ensemble
+request before its next step; see docs/input-contract.md, "Cancelled requests"). A request
+that passes ``timeout_s`` is cancelled too, by its gRPC deadline.
 """
 
 from __future__ import annotations
@@ -71,6 +77,47 @@ class EmbedResult:
     num_tokens: np.ndarray
     latencies_s: list[float]
     retries: int = 0
+
+
+class _Stopped(EmbedClientError):
+    """A request of an ``embed`` call that was not sent, or cancelled: another one failed."""
+
+
+class _Calls:
+    """The in-flight gRPC calls of one ``embed`` call, cancelled together on the first failure.
+
+    Thread-safe: the worker threads add and remove their calls; :meth:`fail` records the
+    first real error and cancels the rest.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._contexts: set = set()
+        self.stopped = False
+        self.first_error: BaseException | None = None
+
+    def add(self, context) -> None:
+        """Track an in-flight call (``tritonclient`` ``CallContext``); cancel it if stopped."""
+        with self._lock:
+            if not self.stopped:
+                self._contexts.add(context)
+                return
+        context.cancel()
+
+    def discard(self, context) -> None:
+        """Forget a call that has answered."""
+        with self._lock:
+            self._contexts.discard(context)
+
+    def fail(self, error: BaseException) -> None:
+        """Stop the ``embed`` call: keep the first real error, cancel every call in flight."""
+        with self._lock:
+            if self.first_error is None and not isinstance(error, _Stopped):
+                self.first_error = error
+            self.stopped = True
+            contexts, self._contexts = self._contexts, set()
+        for context in contexts:
+            context.cancel()
 
 
 @dataclass(frozen=True)
@@ -162,7 +209,9 @@ class EmbeddingClient:
         url: gRPC endpoint ``host:port``, without a scheme (Triton's default gRPC port is
             8001; 8000, its HTTP port, does not answer gRPC).
         model: the ensemble's name.
-        timeout_s: deadline of each gRPC request, seconds (finite, > 0).
+        timeout_s: deadline of each gRPC request, seconds (finite, > 0); past it the request
+            is cancelled (the server stops its work) and the call raises
+            :class:`~triton_embed.errors.EmbedTimeoutError`.
         max_concurrency: requests in flight at once (>= 1).
         batch_size: texts per request; ``None`` uses the server's ``max_batch_size``.
             Larger values are capped at it. Reading ``max_batch_size`` (the model config) needs
@@ -180,6 +229,10 @@ class EmbeddingClient:
         dimensions: cut each vector to its first ``dimensions`` values, L2-normalized again
             (one of the model's Matryoshka dimensions); ``None``: the full vector.
         embedding_type: ``float32`` (default), ``float16`` or ``ubinary`` (packed sign bits).
+        normalize: ``False``: the pooled vectors without L2 normalization (what
+            text-embeddings-inference returns for ``normalize=false``); ``True``:
+            L2-normalized; ``None`` keeps the model's own (normalized for a model with a
+            ``Normalize`` module).
         admin_key: the server's admin key, sent only to read the model config; ``None`` reads
             it as :func:`triton_embed.admin.read_admin_key` does (``TRITON_EMBED_ADMIN_KEY``,
             the file ``TRITON_EMBED_ADMIN_KEY_FILE``, the default key file), if any.
@@ -217,6 +270,7 @@ class EmbeddingClient:
         dimensions: int | None = None,
         embedding_type: EmbeddingType | str | None = None,
         retry: RetryPolicy | int | None = RetryPolicy(),  # noqa: B008 - frozen, never mutated
+        normalize: bool | None = None,
     ):
         import tritonclient.grpc as grpcclient
 
@@ -224,7 +278,13 @@ class EmbeddingClient:
         check_url(url)
         try:
             self.options = RequestOptions(
-                truncation, allow_empty, invalid_utf8, input_type, dimensions, embedding_type
+                truncation,
+                allow_empty,
+                invalid_utf8,
+                input_type,
+                dimensions,
+                embedding_type,
+                normalize,
             )
         except ValueError as exc:
             raise InvalidInputError(str(exc)) from None
@@ -350,6 +410,7 @@ class EmbeddingClient:
         dimensions: int | None = None,
         embedding_type: EmbeddingType | str | None = None,
         truncation: Truncation | str | None = None,
+        normalize: bool | None = None,
     ) -> np.ndarray:
         """Embed texts.
 
@@ -360,6 +421,7 @@ class EmbeddingClient:
             dimensions: this call's Matryoshka dimensions (default: the client's).
             embedding_type: this call's output type (default: the client's).
             truncation: this call's truncation (default: the client's).
+            normalize: this call's normalization (default: the client's).
 
         Returns:
             ``[n, dim]`` in input order: float32 (float16 for ``embedding_type="float16"``;
@@ -376,6 +438,7 @@ class EmbeddingClient:
             "dimensions": dimensions,
             "embedding_type": embedding_type,
             "truncation": truncation,
+            "normalize": normalize,
         }
         return self.embed_with_details(texts, model=model, **options).embeddings
 
@@ -424,6 +487,7 @@ class EmbeddingClient:
         starts = list(range(0, len(payloads), batch_size))
         retries = [0]
         lock = threading.Lock()
+        calls = _Calls()
 
         def count_retry(error: BaseException, wait_s: float) -> None:
             with lock:
@@ -432,16 +496,29 @@ class EmbeddingClient:
         def run(start: int) -> tuple[np.ndarray, np.ndarray, float]:
             batch = payloads[start : start + batch_size]
             t0 = time.perf_counter()
-            vectors, counts = self.retry.call(
-                self._infer, batch, start, request, on_retry=count_retry
-            )
+            try:
+                vectors, counts = self.retry.call(
+                    self._infer, batch, start, request, calls, on_retry=count_retry
+                )
+            except BaseException as exc:
+                calls.fail(exc)  # nobody waits for the other requests any more
+                raise
             elapsed = time.perf_counter() - t0
             if on_batch_done is not None:
                 on_batch_done(len(batch), int(counts.sum()))
             return vectors, counts, elapsed
 
         with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(starts))) as pool:
-            results = list(pool.map(run, starts))  # map keeps input order
+            futures = [pool.submit(run, start) for start in starts]
+            try:
+                results = [f.result() for f in futures]  # in input order
+            except BaseException as exc:
+                calls.fail(exc)
+                for f in futures:
+                    f.cancel()  # requests not yet sent are never sent
+                if calls.first_error is not None and calls.first_error is not exc:
+                    raise calls.first_error from None
+                raise
         return EmbedResult(
             embeddings=np.concatenate([r[0] for r in results]),
             num_tokens=np.concatenate([r[1] for r in results]),
@@ -450,26 +527,63 @@ class EmbeddingClient:
         )
 
     def _infer(
-        self, batch: list[bytes], offset: int, request: _Request | None = None
+        self,
+        batch: list[bytes],
+        offset: int,
+        request: _Request | None = None,
+        calls: _Calls | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
+        """One gRPC request: ``batch`` (``texts[offset : offset + len(batch)]``) embedded.
+
+        Sent as a cancellable call with the ``timeout_s`` deadline; ``calls`` cancels it
+        when another request of the same ``embed`` call fails.
+
+        Raises:
+            EmbedClientError: the mapped failure (:func:`~triton_embed.error_mapping.map_error`);
+                ``_Stopped`` when ``calls`` stopped before or while it ran.
+        """
         if request is None:
             request = _Request(self.model, self.parameters, self.options.embedding_type)
+        calls = calls or _Calls()
+        if calls.stopped:
+            raise _Stopped("not sent: another request of this call failed")
         grpc = self._grpc
         arr = np.empty((len(batch), 1), dtype=object)
         arr[:, 0] = batch
         inp = grpc.InferInput("TEXT", list(arr.shape), "BYTES")
         inp.set_data_from_numpy(arr)
         outputs = [grpc.InferRequestedOutput("EMBEDDING"), grpc.InferRequestedOutput("NUM_TOKENS")]
+        answered = threading.Event()
+        answer: list = [None, None]
+
+        def on_answer(result, error) -> None:
+            answer[0], answer[1] = result, error
+            answered.set()
+
         try:
-            result = self._client.infer(
+            context = self._client.async_infer(
                 request.model,
                 [inp],
+                on_answer,
                 outputs=outputs,
                 client_timeout=self.timeout_s,
                 parameters=request.parameters or None,
             )
         except Exception as exc:
             raise map_error(exc, self.url, offset, len(batch)) from None
+        calls.add(context)
+        try:
+            # The gRPC deadline answers at timeout_s; the margin only guards a lost callback.
+            if not answered.wait(self.timeout_s + 5.0):
+                context.cancel()
+                raise map_error(TimeoutError("Deadline Exceeded"), self.url, offset, len(batch))
+        finally:
+            calls.discard(context)
+        result, error = answer
+        if error is not None:
+            if calls.stopped and calls.first_error is not None:
+                raise _Stopped("cancelled: another request of this call failed")
+            raise map_error(error, self.url, offset, len(batch)) from None
         vectors = decode_embeddings(
             result.as_numpy("EMBEDDING").reshape(-1),
             embedding_type=request.embedding_type or DEFAULT_EMBEDDING_TYPE,

@@ -21,13 +21,18 @@ parameter                 values (case-insensitive)   when absent
                           the model's dimensions
 ``embedding_type``        ``float32``, ``float16``,   ``float32``
                           ``ubinary``
+``normalize``             ``true``/``false`` (bool,   the model's own normalization (its
+                          or ``1``/``0``)             ``Normalize`` module, or the embedder's
+                                                      ``normalize`` parameter)
 ========================  ==========================  ==========================================
 
 ``truncation`` has a fourth value, ``CHUNK``: a text over the token budget is cut into
 consecutive windows that each fit it, and its vector is the token-count-weighted mean of
-theirs (``docs/input-contract.md``, "Long inputs"). Which ``input_type`` and ``dimensions``
-values a model accepts is the model's (:mod:`triton_embed_server.model_spec`); this module
-checks only their form.
+theirs (``docs/input-contract.md``, "Long inputs"). ``normalize=false`` returns the pooled
+vectors without L2 normalization, as text-embeddings-inference's ``normalize`` does (TEI
+never applies the model's ``Normalize`` module itself); ``true`` L2-normalizes them.
+Which ``input_type`` and ``dimensions`` values a model accepts is the model's
+(:mod:`triton_embed_server.model_spec`); this module checks only their form.
 
 A value outside its allowed set is an error that names the parameter, the value and the
 allowed values. A parameter with any other name is an error too (a misspelt option must not
@@ -48,8 +53,15 @@ INVALID_UTF8 = "invalid_utf8"
 INPUT_TYPE = "input_type"
 DIMENSIONS = "dimensions"
 EMBEDDING_TYPE = "embedding_type"
+NORMALIZE = "normalize"
 #: The request-parameter names this service reads, in documentation order.
-NAMES = (TRUNCATION, ALLOW_EMPTY, INVALID_UTF8, INPUT_TYPE, DIMENSIONS, EMBEDDING_TYPE)
+NAMES = (TRUNCATION, ALLOW_EMPTY, INVALID_UTF8, INPUT_TYPE, DIMENSIONS, EMBEDDING_TYPE, NORMALIZE)
+
+#: The most characters of an offending value (or name) an error message quotes. A message
+#: travels back in gRPC's trailing metadata (``grpc-message``), which clients cap at 8 KiB by
+#: default (``grpc.max_metadata_size``); a longer message turns the answer into
+#: ``RESOURCE_EXHAUSTED`` instead of the real ``INVALID_ARGUMENT``.
+QUOTE_CHARS = 64
 
 #: Request-parameter names Triton's protocols use for their own purposes (Triton's
 #: ``docs/protocol/extension_parameters.md`` and ``extension_sequence.md``); they are not
@@ -72,6 +84,30 @@ _TRUE = ("true", "1")
 _FALSE = ("false", "0")
 
 
+def quote(value: Any, limit: int = QUOTE_CHARS) -> str:
+    """``repr(value)`` for an error message, cut to ``limit`` characters.
+
+    Args:
+        value: the offending value or name, as received.
+        limit: the most characters of the value's ``repr`` kept.
+
+    Returns:
+        ``repr(value)`` when it is at most ``limit`` characters; else its first ``limit``
+        characters, ``...`` and, for a string, its length: ``'aaaa... (100000 characters)``.
+    """
+    if isinstance(value, (str, bytes)):
+        shown = repr(value[: limit + 1])
+    else:
+        try:
+            shown = repr(value)
+        except ValueError:  # an int past Python's int-to-str digit limit
+            return f"<{type(value).__name__} too long to show>"
+    if len(shown) <= limit and not (isinstance(value, (str, bytes)) and len(value) > limit):
+        return shown
+    size = f" ({len(value)} characters)" if isinstance(value, (str, bytes)) else ""
+    return f"{shown[:limit]}...{size}"
+
+
 def _member(cls: type[enum.Enum], value: Any, what: str, fold) -> Any:
     """The member of ``cls`` whose value is ``fold(str(value).strip())``.
 
@@ -82,7 +118,7 @@ def _member(cls: type[enum.Enum], value: Any, what: str, fold) -> Any:
         return cls(fold(str(value.value if isinstance(value, cls) else value).strip()))
     except ValueError:
         allowed = ", ".join(m.value for m in cls)
-        raise ValueError(f"{what}={value!r} is not one of {allowed}") from None
+        raise ValueError(f"{what}={quote(value)} is not one of {allowed}") from None
 
 
 class Truncation(str, enum.Enum):
@@ -166,13 +202,13 @@ def parse_dimensions(value: Any, what: str = DIMENSIONS) -> int:
         ValueError: anything else (names ``what`` and the value).
     """
     if isinstance(value, bool):
-        raise ValueError(f"{what}={value!r} must be a whole number >= 1")
+        raise ValueError(f"{what}={quote(value)} must be a whole number >= 1")
     try:
         number = int(str(value).strip()) if not isinstance(value, int) else value
     except ValueError:
         number = 0
     if number < 1:
-        raise ValueError(f"{what}={value!r} must be a whole number >= 1")
+        raise ValueError(f"{what}={quote(value)} must be a whole number >= 1")
     return number
 
 
@@ -184,7 +220,7 @@ def parse_input_type(value: Any, what: str = INPUT_TYPE) -> str:
     """
     text = value.strip() if isinstance(value, str) else ""
     if not text:
-        raise ValueError(f"{what}={value!r} must be a prompt name such as query or document")
+        raise ValueError(f"{what}={quote(value)} must be a prompt name such as query or document")
     return text
 
 
@@ -212,7 +248,7 @@ def parse_flag(value: Any, what: str = ALLOW_EMPTY) -> bool:
         return True
     if text in _FALSE:
         return False
-    raise ValueError(f"{what}={value!r} must be true or false")
+    raise ValueError(f"{what}={quote(value)} must be true or false")
 
 
 @dataclass(frozen=True)
@@ -231,6 +267,8 @@ class RequestOptions:
             model).
         dimensions: cut each vector to its first ``dimensions`` values, L2-normalized again.
         embedding_type: the encoding of each ``EMBEDDING`` element.
+        normalize: ``False``: the pooled vectors as the model's pooling makes them, not
+            L2-normalized (TEI's ``normalize=false``); ``True``: L2-normalized.
 
     Raises:
         ValueError: a value outside its allowed set (names the option and the allowed values).
@@ -242,6 +280,7 @@ class RequestOptions:
     input_type: str | None = None
     dimensions: int | None = None
     embedding_type: EmbeddingType | None = None
+    normalize: bool | None = None
 
     def __post_init__(self) -> None:
         if self.truncation is not None:
@@ -256,6 +295,8 @@ class RequestOptions:
             object.__setattr__(self, "dimensions", parse_dimensions(self.dimensions))
         if self.embedding_type is not None:
             object.__setattr__(self, "embedding_type", EmbeddingType.parse(self.embedding_type))
+        if self.normalize is not None:
+            object.__setattr__(self, "normalize", parse_flag(self.normalize, NORMALIZE))
 
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, Any]) -> RequestOptions:
@@ -276,7 +317,9 @@ class RequestOptions:
             if k not in NAMES and k not in RESERVED and not str(k).startswith("triton_")
         )
         if unknown:
-            listed = ", ".join(repr(k) for k in unknown)
+            listed = ", ".join(quote(k) for k in unknown[:3]) + (
+                f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+            )
             one = len(unknown) == 1
             what = "parameter {} is not an option" if one else "parameters {} are not options"
             fix = "remove it or fix its spelling" if one else "remove them or fix their spelling"
@@ -295,8 +338,8 @@ class RequestOptions:
         Returns:
             ``{"truncation": "NONE" | "END" | "START" | "CHUNK", "allow_empty": bool,
             "invalid_utf8": "error" | "replace", "input_type": str, "dimensions": int,
-            "embedding_type": "float32" | "float16" | "ubinary"}``, without the keys that
-            are ``None``.
+            "embedding_type": "float32" | "float16" | "ubinary", "normalize": bool}``,
+            without the keys that are ``None``.
         """
         out: dict[str, str | bool | int] = {}
         for name in NAMES:

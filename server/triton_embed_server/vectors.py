@@ -103,16 +103,21 @@ def text_vectors(
     return out
 
 
-def cut_dimensions(vectors: np.ndarray, dimensions: int | None) -> np.ndarray:
+def cut_dimensions(
+    vectors: np.ndarray, dimensions: int | None, normalize: bool = True
+) -> np.ndarray:
     """The first ``dimensions`` values of each row, L2-normalized again.
 
     Args:
         vectors: float32 ``[n, dim]``.
         dimensions: ``1..dim``; ``None`` or ``dim`` returns ``vectors`` unchanged.
+        normalize: L2-normalize the cut rows (``False``: a request's ``normalize=false``,
+            sentence-transformers' ``truncate_dim`` on a model without ``Normalize``).
 
     Returns:
         float32 ``[n, dimensions]``.
     """
     if dimensions is None or dimensions >= vectors.shape[1]:
         return vectors
-    return l2_normalize(np.ascontiguousarray(vectors[:, :dimensions]))
+    cut = np.ascontiguousarray(vectors[:, :dimensions])
+    return l2_normalize(cut) if normalize else cut

@@ -273,14 +273,30 @@ def test_tei_embed(gateway, grpc):
     assert np.array_equal(got, grpc.embed(batch))  # normalized by the model: sent as they are
     r = httpx.post(f"{gateway.base_url}/embed", headers=auth(), json={"inputs": "one"})
     assert len(r.json()) == 1 and len(r.json()[0]) == DIM
-    unnormalized = {"inputs": "x", "normalize": False}
-    r = httpx.post(f"{gateway.base_url}/embed", headers=auth(), json=unnormalized)
-    assert r.status_code == 400 and r.json()["error_type"] == "Validation"
     long = {"inputs": ["short", "word " * 600]}
     r = httpx.post(f"{gateway.base_url}/embed", headers=auth(), json=long)
     assert r.status_code == 400 and "text 1 has 602 tokens" in r.json()["error"]
     r = httpx.post(f"{gateway.base_url}/embed", headers=auth(), json={**long, "truncate": True})
     assert r.status_code == 200
+
+
+def test_tei_embed_with_haystacks_request_shape(gateway, grpc, reference_model):
+    """Haystack's TEI embedders send ``normalize: false`` by default: the pooled vectors
+    without the model's Normalize module, as TEI returns them."""
+    from sentence_transformers import SentenceTransformer
+
+    batch = texts(3, start=400)
+    body = {"inputs": batch, "normalize": False, "truncate": True}
+    r = httpx.post(f"{gateway.base_url}/embed", headers=auth(), json=body)
+    assert r.status_code == 200, r.text
+    raw = np.array(r.json(), dtype=np.float32)
+    pooled_only = SentenceTransformer(modules=[reference_model[0], reference_model[1]])
+    expected = pooled_only.encode(batch)
+    assert cosines(raw, expected).min() >= COSINE_MIN
+    np.testing.assert_allclose(np.linalg.norm(raw, axis=1), np.linalg.norm(expected, axis=1), 1e-3)
+    assert np.array_equal(raw, grpc.embed(batch, normalize=False))
+    r = httpx.post(f"{gateway.base_url}/embed", headers=auth(), json={**body, "normalize": True})
+    assert np.array_equal(np.array(r.json(), dtype=np.float32), grpc.embed(batch))
 
 
 def test_tei_tokenize_gives_the_tokenizers_ids(gateway, hf_tokenizer):

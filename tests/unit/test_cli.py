@@ -186,7 +186,7 @@ def test_embed_passes_every_flag_and_writes_all_outputs(fake_client, tmp_path):
         "--batch-size", "64", "--concurrency", "8", "--summary-json", str(summary),
         "--no-progress", "--url", "h:1", "--model", "m", "--timeout-s", "2.5",
         "--format", "jsonl", "--field", "body", "--truncation", "start", "--allow-empty",
-        "--retries", "3", "--retry-max-wait-s", "0.5",
+        "--retries", "3", "--retry-max-wait-s", "0.5", "--normalize", "false",
     ]  # fmt: skip
     assert main(argv) == 0
     assert fake_client.made == [
@@ -203,6 +203,7 @@ def test_embed_passes_every_flag_and_writes_all_outputs(fake_client, tmp_path):
             "input_type": "document",  # a corpus is embedded as documents
             "dimensions": None,
             "embedding_type": None,
+            "normalize": False,
         }
     ]
     np.testing.assert_array_equal(np.load(out), [[10.0, 0.0], [0.0, 1.0]])

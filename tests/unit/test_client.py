@@ -161,3 +161,59 @@ def test_a_grpc_client_talking_to_an_http_server_gets_the_port_hint():
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+# ---- abandoned work is stopped (issue 20, item 5) -----------------------------------------
+
+
+class _SlowContext:
+    def __init__(self, on_cancel):
+        self.on_cancel = on_cancel
+
+    def cancel(self):
+        self.on_cancel()
+
+
+def test_a_failed_request_cancels_those_in_flight_and_sends_no_more(fake_triton, monkeypatch):
+    """Request 1 of 16 times out: the 2 others in flight are cancelled, none more is sent."""
+    sent, cancelled = [], []
+    lock = threading.Lock()
+
+    def async_infer(self, model, inputs, callback, client_timeout=None, **kwargs):
+        from tritonclient.utils import deserialize_bytes_tensor
+
+        first = bytes(deserialize_bytes_tensor(inputs[0]._get_content())[0]).decode()
+        with lock:
+            sent.append(first)
+
+        def answer_later():
+            if first == "text 4":  # the second request: its deadline passes
+                callback(
+                    result=None,
+                    error=InferenceServerException(
+                        msg="Deadline Exceeded", status="StatusCode.DEADLINE_EXCEEDED"
+                    ),
+                )
+
+        def on_cancel():
+            with lock:
+                cancelled.append(first)
+            callback(
+                result=None,
+                error=InferenceServerException(
+                    msg="Locally cancelled by application!", status="StatusCode.CANCELLED"
+                ),
+            )
+
+        threading.Timer(0.05, answer_later).start()
+        return _SlowContext(on_cancel)
+
+    monkeypatch.setattr(fake_triton, "async_infer", async_infer)
+    client = EmbeddingClient("h:1", max_concurrency=3, timeout_s=30, retry=None)
+    texts = [f"text {i}" for i in range(64)]  # 16 requests of 4
+    from triton_embed.errors import EmbedTimeoutError
+
+    with pytest.raises(EmbedTimeoutError, match=r"texts\[4:8\]: request to h:1 timed out"):
+        client.embed(texts)
+    assert sorted(sent) == ["text 0", "text 4", "text 8"]  # the 13 others never sent
+    assert sorted(cancelled) == ["text 0", "text 8"]  # the two in flight were cancelled

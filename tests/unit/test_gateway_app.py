@@ -567,17 +567,14 @@ def test_tei_embed_returns_a_list_of_vectors(client):
     assert pool.calls[-1][2] == {"truncation": "START", "input_type": "query", "dimensions": 4}
 
 
-def test_tei_embed_normalize_false_on_a_normalizing_model_is_400(client):
+def test_tei_embed_normalize_false_is_sent_as_the_request_parameter(client):
+    """Haystack's TEI request shape: ``normalize: false`` reaches the embedder step."""
     c, pool = client
-    r = post(c, "/embed", {"inputs": "x", "normalize": False})
-    assert r.status_code == 400
-    assert r.json() == {
-        "error": "normalize=false cannot be served: the vectors of model 'embed' are "
-        "normalized by the model itself (its pooling ends with a Normalize module); send "
-        "normalize=true or leave it out",
-        "error_type": "Validation",
-    }
-    assert pool.calls == []
+    r = post(c, "/embed", {"inputs": ["x", "y"], "normalize": False, "truncate": True})
+    assert r.status_code == 200
+    assert pool.calls[-1] == ("embed", 2, {"truncation": "END", "normalize": False})
+    assert post(c, "/embed", {"inputs": "x", "normalize": True}).status_code == 200
+    assert pool.calls[-1] == ("embed", 1, {"truncation": "NONE"})  # default: unchanged
 
 
 def test_tei_embed_normalizes_the_vectors_of_a_model_that_does_not():
@@ -596,6 +593,7 @@ def test_tei_embed_normalizes_the_vectors_of_a_model_that_does_not():
     assert np.allclose(normalized[0], vector(b"x"))
     raw = np.array(post(c, "/embed", {"inputs": "x", "normalize": False}).json())
     assert np.allclose(raw[0], 2 * vector(b"x"))
+    assert pool.calls[-1][2] == {"truncation": "NONE", "normalize": False}
 
 
 @pytest.mark.parametrize(

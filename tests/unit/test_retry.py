@@ -204,7 +204,7 @@ def test_client_retries_each_batch_alone_and_keeps_every_text_once_in_order(monk
     refusals = {start: start % 3 for start in range(0, 30, 4)}  # 0, 1 or 2 refusals per batch
     sent: list[int] = []
 
-    def fake_infer(batch, offset, request=None):
+    def fake_infer(batch, offset, request=None, calls=None):
         sent.append(offset)
         if refusals[offset] > 0:
             refusals[offset] -= 1
@@ -227,7 +227,7 @@ def test_client_with_retries_off_raises_the_overload_at_once(monkeypatch):
     client = EmbeddingClient("127.0.0.1:1", retry=None)
     calls = []
 
-    def fake_infer(batch, offset, request=None):
+    def fake_infer(batch, offset, request=None, in_flight=None):
         calls.append(offset)
         raise overloaded()
 

@@ -399,3 +399,16 @@ def test_llm_kwargs_engine_args_override(make_config):
     assert kwargs["gpu_memory_utilization"] == 0.9
     assert kwargs["seed"] == 3
     assert kwargs["runner"] == "pooling"
+
+
+def test_embedder_work_bounds_default_to_the_tokenizers_and_can_be_lowered(make_config):
+    cfg = EmbedderConfig.from_model_config(make_config({}))
+    assert (cfg.max_chunks, cfg.max_request_tokens) == (16, 65_536)  # min(64 x 256 x 16, cap)
+    cfg = EmbedderConfig.from_model_config(
+        make_config({"max_chunks": "4", "max_request_tokens": "5000"})
+    )
+    assert (cfg.max_chunks, cfg.max_request_tokens) == (4, 5000)
+    two = EmbedderConfig.from_model_config(make_config({"max_chunks": "2"}))
+    assert two.max_request_tokens == 64 * 256 * 2  # 32,768: under the cap
+    with pytest.raises(ValueError, match="max_request_tokens=-1 must be >= 0"):
+        EmbedderConfig.from_model_config(make_config({"max_request_tokens": "-1"}))

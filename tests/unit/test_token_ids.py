@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 
 import pytest
-from triton_embed_server.errors import InvalidTokenIdsError
+from triton_embed_server.errors import InvalidTokenIdsError, TooMuchWorkError
 from triton_embed_server.token_ids import decode_request_token_ids, validate_token_ids
 
 VOCAB = 30522
@@ -84,3 +84,40 @@ def test_decode_request_out_of_vocab_and_too_long():
         decode_request_token_ids([pack([1]), pack([1, 2]), pack([1] * 5)], VOCAB, 4)
     with pytest.raises(InvalidTokenIdsError, match=r"token ID -2147483648 at position 1"):
         decode_request_token_ids([pack([1, -(2**31)])], VOCAB, 256)
+
+
+# ---- the embedder's work bounds (issue 20, item 3) -----------------------------------------
+
+
+def _windows(n_windows: int, tokens: int = 256) -> tuple[bytes, bytes]:
+    """One text of ``n_windows`` windows of ``tokens`` IDs each: (TOKEN_IDS, WINDOWS)."""
+    ids = ([101] + [1000] * (tokens - 2) + [102]) * n_windows
+    triples = struct.pack(f"<{3 * n_windows}i", *([tokens, 0, tokens - 2] * n_windows))
+    return struct.pack(f"<{len(ids)}i", *ids), triples
+
+
+def test_more_windows_than_max_chunks_are_refused_naming_the_limit():
+    good, good_w = _windows(16)
+    bad, bad_w = _windows(64)  # the hostile request of issue 20: 64 windows x 256 IDs
+    ids, windows = decode_request_token_ids([good], 30522, 256, [good_w], max_chunks=16)
+    assert len(windows[0]) == 16
+    with pytest.raises(TooMuchWorkError) as info:
+        decode_request_token_ids([good, bad], 30522, 256, [good_w, bad_w], max_chunks=16)
+    assert str(info.value) == (
+        "text 1 has 64 windows, over the limit of 16 per text (the embedder's max_chunks, as "
+        "the tokenizer's truncation=CHUNK); send at most 16 windows of up to 256 token IDs per "
+        "text"
+    )
+    assert info.value.code == "INVALID_ARG" and info.value.reason == "too_much_work"
+
+
+def test_more_token_ids_than_the_request_budget_are_refused_before_decoding():
+    payload, windows = _windows(16)  # 4,096 IDs
+    decode_request_token_ids([payload] * 2, 30522, 256, [windows] * 2, 16, 8192)
+    with pytest.raises(TooMuchWorkError) as info:
+        # the third payload is not even int32: the budget is checked from the sizes first
+        decode_request_token_ids([payload, payload, b"\x01"], 30522, 256, None, 16, 8191)
+    assert str(info.value) == (
+        "the request has 8192 token IDs, over the embedder's budget of 8191 per request "
+        "(parameter max_request_tokens); send fewer texts or windows per request"
+    )

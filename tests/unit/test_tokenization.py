@@ -14,6 +14,7 @@ from triton_embed_server.errors import (
     InvalidArgumentError,
     InvalidUtf8Error,
     TooLongError,
+    TooMuchWorkError,
 )
 from triton_embed_server.tokenization import (
     TextRequest,
@@ -346,14 +347,14 @@ def test_no_request_options_means_server_defaults(tok):
             {"truncaton": "NONE", "lenght": 3},
             "request parameters 'lenght', 'truncaton' are not options of this service; "
             "the options are truncation, allow_empty, invalid_utf8, input_type, dimensions, "
-            "embedding_type; "
+            "embedding_type, normalize; "
             "remove them or fix their spelling",
         ),
         (
             {"truncaton": "NONE"},
             "request parameter 'truncaton' is not an option of this service; "
             "the options are truncation, allow_empty, invalid_utf8, input_type, dimensions, "
-            "embedding_type; "
+            "embedding_type, normalize; "
             "remove it or fix its spelling",
         ),
         (
@@ -372,3 +373,29 @@ def test_bad_request_option_is_invalid_argument_naming_the_allowed_values(parame
     with pytest.raises(InvalidArgumentError) as info:
         parse_request_options(parameters)
     assert str(info.value) == message
+
+
+# ---- the token budget per request (issue 20, item 5) ---------------------------------------
+
+
+def test_the_default_token_budget_is_texts_x_max_length_x_max_chunks():
+    cfg = TokenizerConfig.from_model_config({"max_batch_size": 64, "parameters": {}})
+    assert cfg.max_request_tokens == min(64 * 256 * 16, 65_536)  # the stated cap binds
+    one = TokenizerConfig.from_model_config({"max_batch_size": 1, "parameters": {}})
+    assert one.max_request_tokens == 1 * 256 * 16
+
+
+def test_a_request_over_the_token_budget_is_refused_before_the_engine():
+    params = {"max_request_tokens": {"string_value": "1000"}}
+    small = TextTokenizer(TokenizerConfig.from_model_config({"parameters": params}))
+    fits = TextRequest(texts=[b"word " * 100] * 3)  # 3 x 102 tokens
+    over = TextRequest(texts=[b"word " * 300] * 4, options=RequestOptions(truncation="CHUNK"))
+    results = small.tokenize_requests([fits, over])
+    assert sum(results[0].num_tokens) == 306
+    assert isinstance(results[1], TooMuchWorkError)
+    assert results[1].code == "INVALID_ARG"
+    assert str(results[1]) == (
+        "the request's 4 texts come to 1216 tokens, over the budget of 1000 tokens per "
+        "request (the tokenizer's max_request_tokens; at most 256 tokens per text, 16 windows "
+        "with truncation=CHUNK); send fewer or shorter texts per request, or truncation=END"
+    )

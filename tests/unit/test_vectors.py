@@ -54,3 +54,12 @@ def test_cut_dimensions_is_cut_then_renormalize(d):
     assert got.shape == (5, d) and got.dtype == np.float32
     np.testing.assert_allclose(got, want, atol=1e-6)
     assert cut_dimensions(v, None) is v and cut_dimensions(v, 8) is v
+
+
+def test_normalize_false_keeps_the_pooled_vectors_and_cuts_without_renormalizing():
+    pooled = np.array([[3.0, 4.0, 12.0], [1.0, 0.0, 0.0]], np.float32)
+    raw = text_vectors(pooled, [[(5, 0, 3)], [(4, 0, 2)]], normalize=False)
+    assert np.array_equal(raw, pooled)  # TEI's normalize=false: the pooled vectors as they are
+    assert np.array_equal(cut_dimensions(raw, 2, normalize=False), pooled[:, :2])
+    cut = cut_dimensions(text_vectors(pooled, [[(5, 0, 3)], [(4, 0, 2)]], True), 2)
+    np.testing.assert_allclose(cut[0], [0.6, 0.8], rtol=1e-6)  # default: cut + renormalize

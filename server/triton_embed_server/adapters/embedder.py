@@ -4,7 +4,10 @@ Each model instance (an ``instance_group`` copy, its own stub process) owns one 
 vLLM pooling engine. All windows of all requests of an ``execute`` call go to the engine in
 one call; the vectors are split back per request, normalized, averaged per text
 (``truncation=CHUNK``), cut to the request's ``dimensions`` and encoded as its
-``embedding_type``. A request with bad token IDs or options fails alone.
+``embedding_type``; ``normalize=false`` keeps the pooled vectors un-normalized. A request
+with bad token IDs or options, or over the step's budget (``max_chunks`` windows per text,
+``max_request_tokens`` per request), fails alone; a request cancelled by its client before
+the engine call (``request.is_cancelled()``) is answered ``CANCELLED`` and not embedded.
 """
 
 import json
@@ -20,7 +23,12 @@ from triton_embed_server.batching import split
 from triton_embed_server.config import EmbedderConfig
 from triton_embed_server.doctor import host_plan
 from triton_embed_server.engine import PoolingEngine
-from triton_embed_server.errors import EmbedServingError, InvalidArgumentError, to_triton_error
+from triton_embed_server.errors import (
+    CancelledError,
+    EmbedServingError,
+    InvalidArgumentError,
+    to_triton_error,
+)
 from triton_embed_server.metrics import InstanceReporter, StepMetrics
 from triton_embed_server.placement.apply import apply_placement
 from triton_embed_server.placement.plan import decide_placement, instance_index
@@ -62,7 +70,8 @@ class TritonPythonModel:
         pb_utils.Logger.log_info(
             f"embedder {name}: {self.config.model_path.name}, dim={self.engine.dim}, "
             f"pooling={self.spec.pooling.value}, normalize={self.spec.normalize}, "
-            f"max_length={self.config.max_length}, {placement.describe()}, "
+            f"max_length={self.config.max_length}, max_chunks={self.config.max_chunks}, "
+            f"max_request_tokens={self.config.max_request_tokens}, {placement.describe()}, "
             f"env={placement.env or 'vLLM default'}"
         )
 
@@ -72,6 +81,8 @@ class TritonPythonModel:
         valid, token_ids, windows, options = [], [], [], []
         for r, request in enumerate(requests):
             try:
+                if request.is_cancelled():
+                    raise CancelledError("the request was cancelled before it was embedded")
                 ids, text_windows, opts = self._decode(request)
             except EmbedServingError as exc:
                 self.metrics.failure(exc)
@@ -107,8 +118,9 @@ class TritonPythonModel:
         for r, pooled_windows, text_windows, opts, n_tokens in zip(
             valid, split(pooled, window_counts), windows, options, per_request_tokens, strict=True
         ):
-            vectors = text_vectors(np.asarray(pooled_windows), text_windows, self.spec.normalize)
-            vectors = cut_dimensions(vectors, opts.dimensions)
+            normalize = self.spec.normalize if opts.normalize is None else opts.normalize
+            vectors = text_vectors(np.asarray(pooled_windows), text_windows, normalize)
+            vectors = cut_dimensions(vectors, opts.dimensions, opts.normalize is not False)
             kind = opts.embedding_type or DEFAULT_EMBEDDING_TYPE
             self.metrics.success(texts=len(text_windows), tokens=n_tokens)
             tensor = pb_utils.Tensor(
@@ -141,6 +153,8 @@ class TritonPythonModel:
             self.engine.vocab_size,
             self.config.max_length,
             window_payloads,
+            max_chunks=self.config.max_chunks,
+            max_request_tokens=self.config.max_request_tokens,
         )
         return ids, windows, opts
 

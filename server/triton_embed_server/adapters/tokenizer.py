@@ -34,11 +34,17 @@ class TritonPythonModel:
         self.metrics = StepMetrics(pb_utils, "tokenizer", args["model_instance_name"]).start()
         pb_utils.Logger.log_info(
             f"tokenizer {args['model_instance_name']}: {self.config.model_path.name}, "
-            f"max_length={self.config.max_length}, truncation={self.config.truncation.value}"
+            f"max_length={self.config.max_length}, truncation={self.config.truncation.value}, "
+            f"max_request_tokens={self.config.max_request_tokens}"
         )
 
     def execute(self, requests):
-        """Tokenize every request of the batch in one call; errors stay per request."""
+        """Tokenize every request of the batch in one call; errors stay per request.
+
+        No ``request.is_cancelled()`` here: it is one round trip to the Triton process,
+        about what tokenizing a short request costs, and Triton already drops a request
+        cancelled in this step's queue and checks again before the ensemble's next step.
+        """
         text_requests, option_errors = [], {}
         for r, request in enumerate(requests):
             texts = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy().reshape(-1)

@@ -10,11 +10,11 @@ TEI serves one model; these routes use the gateway's default model (``--default-
   a single string). ``inputs`` takes the same four forms as OpenAI's ``input``.
   ``truncate`` (default false) maps to the request parameter ``truncation``: ``NONE``, or
   with ``true`` ``END`` (``truncation_direction`` ``Right``, the default) or ``START``
-  (``Left``). ``prompt_name`` is ``input_type``. ``normalize`` (default true): vectors of a
-  model that does not normalize are L2-normalized here; ``false`` on a model whose vectors
-  are normalized by the model itself is 400 (they cannot be un-normalized). When the
-  gateway cannot tell whether the model normalizes, ``false`` returns the vectors as the
-  server made them.
+  (``Left``). ``prompt_name`` is ``input_type``. ``normalize`` (default true), as TEI, which
+  never applies a model's ``Normalize`` module itself: ``false`` is the request parameter
+  ``normalize=false``, so the embedder step returns the pooled vectors without L2
+  normalization (Haystack's TEI embedders send it by default); ``true`` returns them
+  L2-normalized (normalized here for a model that does not normalize).
 * ``POST /tokenize`` ``{"inputs", "add_special_tokens", "prompt_name"}`` ->
   ``[[{"id", "text", "special", "start", "stop"}, ...], ...]``: the IDs the model's
   tokenizer step makes (``truncation=NONE``: all of them, or 400 past the token budget).
@@ -40,7 +40,7 @@ import numpy as np
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
-from triton_embed.options import Truncation
+from triton_embed.options import NORMALIZE, Truncation
 
 from triton_embed_server.gateway import inference
 from triton_embed_server.gateway.catalog import ModelInfo
@@ -102,7 +102,7 @@ def parse_embed_request(body: Any, model: ModelInfo) -> tuple[Inputs, dict[str, 
         vectors (``normalize`` asked for and the model not known to normalize).
 
     Raises:
-        BadRequest: a malformed field, or ``normalize: false`` on a normalizing model.
+        BadRequest: a malformed field.
         EmptyInput, TooLarge: no inputs, or more than 2,048.
     """
     body = _object(body, EMBED_FIELDS)
@@ -114,12 +114,6 @@ def parse_embed_request(body: Any, model: ModelInfo) -> tuple[Inputs, dict[str, 
     if not isinstance(direction, str) or direction.lower() not in DIRECTIONS:
         raise BadRequest(
             f"'truncation_direction' must be 'Left' or 'Right', got {quote(direction)}"
-        )
-    if not normalize and model.normalize is True:
-        raise BadRequest(
-            f"normalize=false cannot be served: the vectors of model {model.name!r} are "
-            "normalized by the model itself (its pooling ends with a Normalize module); send "
-            "normalize=true or leave it out"
         )
     prompt_name = body.get("prompt_name")
     if inputs.token_ids is not None:
@@ -138,6 +132,8 @@ def parse_embed_request(body: Any, model: ModelInfo) -> tuple[Inputs, dict[str, 
         input_type_field="prompt_name",
         dimensions=body.get("dimensions"),
     )
+    if not normalize:
+        parameters[NORMALIZE] = False  # the embedder step returns the pooled vectors as they are
     return inputs, parameters, normalize and model.normalize is not True
 
 

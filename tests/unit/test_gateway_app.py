@@ -142,6 +142,23 @@ def test_a_large_request_is_split_into_max_batch_size_pieces_and_answered_in_ord
     assert got == [vector(t.encode()).tobytes() for t in texts]
 
 
+def test_chunked_requests_are_split_so_no_piece_can_pass_the_steps_token_budget():
+    # The step refuses a request over its max_request_tokens (here 512). With CHUNK a text can
+    # be max_chunks (16) windows of max_length (16) tokens: 256, so at most 2 texts a piece;
+    # without CHUNK 16 tokens a text, so the ensemble's max_batch_size (4) still applies.
+    info = ModelInfo(**{**MODEL.__dict__, "max_request_tokens": 512})
+    assert info.piece_size("CHUNK") == 2 and info.piece_size(None) == 4
+    c, pool, _ = make_client(FakeUpstreamPool(Catalog.build([info])))
+    texts = [f"text {i}" for i in range(5)]
+    r = post(c, "/v1/embeddings", {"model": "embed", "input": texts, "truncate": "CHUNK"})
+    assert r.status_code == 200, r.text
+    assert sorted(n for _, n, _ in pool.calls) == [1, 2, 2]
+    pool.calls.clear()
+    r = post(c, "/v1/embeddings", {"model": "embed", "input": texts})
+    assert r.status_code == 200, r.text
+    assert sorted(n for _, n, _ in pool.calls) == [1, 4]
+
+
 def test_the_alias_is_accepted_and_echoed(client):
     c, pool = client
     r = post(c, "/v1/embeddings", {"model": "org/model", "input": "x"})

@@ -253,7 +253,10 @@ def test_the_catalog_holds_the_embedding_ensembles_of_ready_upstreams():
             normalize=True,
             dtype="float32",
             max_batch_tokens=16384,
+            # the tokenizer step's default: min(64 x 256 x 16, 65,536) (config.request_token_budget)
+            max_request_tokens=65536,
         )
+        assert info.piece_size("CHUNK") == 16 and info.piece_size("END") == 64
         assert pool.catalog.resolve("tokenizer") is None  # a step is no embedding model
         await pool.stop()
 

@@ -30,6 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from triton_embed.options import Truncation
+
+from triton_embed_server.config import REQUEST_TEXTS, request_token_budget
+
 log = logging.getLogger("triton_embed.gateway")
 
 EMBEDDING_OUTPUTS = frozenset({"EMBEDDING", "NUM_TOKENS"})
@@ -39,6 +43,19 @@ def _parameter(config: Mapping[str, Any], key: str) -> str:
     """A model config parameter's string value ("" when absent)."""
     value = (config.get("parameters") or {}).get(key) or {}
     return str(value.get("string_value", "")).strip()
+
+
+def _request_tokens(
+    tokenizer_config: Mapping[str, Any], max_length: int | None, max_chunks: int
+) -> int | None:
+    """The tokenizer step's budget per request: its parameter, else the step's default."""
+    stated = _int_parameter(tokenizer_config, "max_request_tokens")
+    if stated:
+        return stated
+    if max_length is None:
+        return None
+    texts = _max_batch_size(tokenizer_config, REQUEST_TEXTS)
+    return request_token_budget(texts, max_length, max_chunks)
 
 
 def _int_parameter(config: Mapping[str, Any], key: str) -> int | None:
@@ -122,6 +139,10 @@ class ModelInfo:
             parameter; the gateway refuses them otherwise, naming its own field).
         max_chunks: the tokenizer step's ``max_chunks`` (windows per text with
             ``truncation=CHUNK``).
+        max_request_tokens: the tokenizer step's token budget per request (its
+            ``max_request_tokens`` parameter, or the default of
+            :func:`triton_embed_server.config.request_token_budget`), or ``None`` when the
+            config does not give ``max_length``.
     """
 
     name: str
@@ -139,6 +160,24 @@ class ModelInfo:
     max_batch_tokens: int | None = None
     allow_empty: bool = False
     max_chunks: int = 16
+    max_request_tokens: int | None = None
+
+    def piece_size(self, truncation: str | None) -> int:
+        """Texts per upstream call, so that no call can pass the step's token budget.
+
+        ``max(1, min(max_batch_size, max_request_tokens // per_text))`` where ``per_text`` is
+        ``max_length``, times ``max_chunks`` with ``truncation=CHUNK``: for the shipped model
+        64 texts, and 16 with ``CHUNK`` (65,536 // (256 x 16)).
+
+        Args:
+            truncation: the request's ``truncation`` parameter (``None``: the server's).
+        """
+        if self.max_length is None or self.max_request_tokens is None:
+            return self.max_batch_size
+        per_text = self.max_length
+        if truncation == Truncation.CHUNK.value:
+            per_text *= self.max_chunks
+        return max(1, min(self.max_batch_size, self.max_request_tokens // per_text))
 
     @classmethod
     def from_configs(
@@ -165,6 +204,8 @@ class ModelInfo:
         tokenizer_config = step_configs.get(steps[0]) or {}
         embedder_config = step_configs.get(steps[-1]) or {}
         facts = facts or FolderFacts()
+        max_length = _int_parameter(config, "max_length")
+        max_chunks = _int_parameter(tokenizer_config, "max_chunks") or 16
         return cls(
             name=str(config["name"]),
             max_batch_size=max_batch_size,
@@ -174,13 +215,14 @@ class ModelInfo:
             embedder_max_batch_size=_max_batch_size(embedder_config, max_batch_size),
             served_model_name=_parameter(config, "served_model_name") or None,
             dimension=_int_parameter(config, "dimension"),
-            max_length=_int_parameter(config, "max_length"),
+            max_length=max_length,
             pooling=facts.pooling,
             normalize=facts.normalize,
             dtype=_parameter(embedder_config, "dtype") or "float32",
             max_batch_tokens=_int_parameter(embedder_config, "max_num_batched_tokens"),
             allow_empty=_parameter(tokenizer_config, "allow_empty").lower() in ("true", "1"),
-            max_chunks=_int_parameter(tokenizer_config, "max_chunks") or 16,
+            max_chunks=max_chunks,
+            max_request_tokens=_request_tokens(tokenizer_config, max_length, max_chunks),
         )
 
 

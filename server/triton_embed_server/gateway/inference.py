@@ -1,12 +1,14 @@
 """Where the gateway calls the upstreams: split into pieces, send concurrently, reassemble.
 
 A request's inputs (up to :data:`MAX_INPUTS`) are cut into pieces of the called model's
-``max_batch_size`` (:func:`pieces`), sent concurrently (at most :data:`PIECES_IN_FLIGHT` at
-once per request, so one large request does not fill an upstream's queue alone, and no more
-than its token budget allows, :class:`TokenBudget`), each on the upstream the pool chooses,
-and put back together in input order. When the request is cancelled (its client went away,
-its deadline passed) the pieces in flight are cancelled, which cancels their gRPC calls
-(``tritonclient.grpc.aio``: Triton then sees a cancelled request), and no more are started.
+``max_batch_size``, fewer where the step's token budget asks for it
+(:meth:`~.catalog.ModelInfo.piece_size`; :func:`pieces`), sent concurrently (at most
+:data:`PIECES_IN_FLIGHT` at once per request, so one large request does not fill an upstream's
+queue alone, and no more than its token budget allows, :class:`TokenBudget`), each on the
+upstream the pool chooses, and put back together in input order. When the request is cancelled
+(its client went away, its deadline passed) the pieces in flight are cancelled, which cancels
+their gRPC calls (``tritonclient.grpc.aio``: Triton then sees a cancelled request), and no more
+are started.
 A failed piece fails the request with the error of
 :func:`~triton_embed_server.gateway.errors.from_upstream`, naming a text by its index in
 the request's inputs.
@@ -30,6 +32,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 from triton_embed.codec import decode_token_ids, encode_token_ids
+from triton_embed.options import TRUNCATION
 from tritonclient.utils import InferenceServerException
 
 from triton_embed_server.gateway import tensors
@@ -279,11 +282,12 @@ async def embed_texts(
         elements = _embedding_elements(raw["EMBEDDING"], count, model.name)
         return (elements, num_tokens), int(num_tokens.sum())
 
-    spans = pieces(len(texts), model.max_batch_size)
+    size = model.piece_size(parameters.get(TRUNCATION))
+    spans = pieces(len(texts), size)
     bounds = None
     if budget is not None and len(spans) > 1:
         bounds = [budget.bound(texts[start:stop]) for start, stop in spans]
-    results = await _each_piece(len(texts), model.max_batch_size, call, budget, bounds)
+    results = await _each_piece(len(texts), size, call, budget, bounds)
     elements = [e for piece, _ in results for e in piece]
     return Embeddings(elements, np.concatenate([counts for _, counts in results]))
 

@@ -46,6 +46,8 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from triton_embed.options import TRUNCATION
+
 from triton_embed_server.gateway import inference
 from triton_embed_server.gateway.catalog import ModelInfo
 from triton_embed_server.gateway.errors import BadRequest
@@ -192,7 +194,7 @@ class Merger:
             GatewayError: the request failed (its own error: a text named by its index in
                 ``texts``), or the call it shared failed for a reason of the server's.
         """
-        if not self.in_flight or len(texts) > model.max_batch_size:
+        if not self.in_flight or len(texts) > model.piece_size(parameters.get(TRUNCATION)):
             return await inference.embed_texts(self.pool, model, texts, parameters, budget)
         result = await self._merged(model, texts, parameters)
         if budget is not None:
@@ -236,7 +238,7 @@ class Merger:
         self, key: MergeKey, queue: _KeyQueue, model: ModelInfo, parameters: Mapping[str, Any]
     ) -> None:
         """A call of ``key`` finished: its slot sends the waiting requests, or is freed."""
-        batch = _take(queue.waiting, model.max_batch_size)
+        batch = _take(queue.waiting, model.piece_size(parameters.get(TRUNCATION)))
         if not batch:
             queue.running -= 1
             if not queue.running and not queue.waiting:

@@ -14,6 +14,7 @@ from pathlib import Path
 from triton_embed_server.supervisor.core import Supervisor
 from triton_embed_server.supervisor.policy import EXIT_RESTARTS_EXHAUSTED, RestartPolicy
 from triton_embed_server.supervisor.server_args import server_arguments
+from triton_embed_server.supervisor.shm_watch import DEFAULT_INTERVAL_S, RegionWatch
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,6 +63,13 @@ def main(argv: list[str] | None = None) -> int:
         help="how long a restart waits for the old server's ports",
     )
     parser.add_argument(
+        "--shm-reclaim-interval-s",
+        type=float,
+        default=DEFAULT_INTERVAL_S,
+        help="reload a model whose stub's /dev/shm region grew past the shm plan (a request "
+        "beyond the configs), at most once per this many seconds per model; 0: off",
+    )
+    parser.add_argument(
         "--ready-timeout-s",
         type=float,
         default=600.0,
@@ -99,4 +107,6 @@ def main(argv: list[str] | None = None) -> int:
         opts.port_timeout_s,
         opts.ready_timeout_s,
     )
+
+    supervisor.shm_watch = RegionWatch.from_arguments(command[1:], opts.shm_reclaim_interval_s)
     return supervisor.run()

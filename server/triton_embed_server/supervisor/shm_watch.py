@@ -174,6 +174,15 @@ def reclaim(supervisor, stubs: Mapping[int, tuple[str, str | None]]) -> None:
             time.sleep(0.25)
         left = [p.pid for p in procs if is_running(p)]
         removed = remove_shm_regions(r for pid, r in old.items() if pid not in left)
+        gone = [r for pid, r in old.items() if r and pid not in left]
+        still = _still_mapped(supervisor.process.pid, gone)
+        if still:
+            supervisor.log(
+                f"the replaced stubs of {over.model!r} are gone but tritonserver still maps "
+                f"their regions ({', '.join(still)}): a stub that exited abnormally leaves its "
+                "version unloading for ever in Triton 2.51, and the region's pages stay charged "
+                "to /dev/shm until the server restarts"
+            )
         supervisor.log(
             f"reloaded {over.model!r} for its shared memory in {time.monotonic() - t0:.1f} s: "
             f"{len(procs) - len(left)} of {len(procs)} old stubs gone"
@@ -182,3 +191,21 @@ def reclaim(supervisor, stubs: Mapping[int, tuple[str, str | None]]) -> None:
             + f"; next such reload of {over.model!r} in {supervisor.shm_watch.interval_s:g} s"
             " at the earliest"
         )
+
+
+def _still_mapped(pid: int, regions: Sequence[str], wait_s: float = 10.0) -> list[str]:
+    """The ``regions`` process ``pid`` still maps after ``wait_s`` seconds (its unload done).
+
+    Triton unmaps a replaced stub's region when it finishes unloading that version, a moment
+    after the stub exits.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            return []
+        still = [r for r in regions if r in maps]
+        if not still or time.monotonic() >= deadline:
+            return still
+        time.sleep(0.5)

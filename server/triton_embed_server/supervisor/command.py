@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=DEFAULT_INTERVAL_S,
         help="reload a model whose stub's /dev/shm region grew past the shm plan (a request "
-        "beyond the configs), at most once per this many seconds per model; 0: off",
+        "beyond the configs), at most once per this many seconds per model (e.g. 60); 0: off, "
+        "the default (Triton 2.51 can crash on such a reload under traffic)",
     )
     parser.add_argument(
         "--ready-timeout-s",

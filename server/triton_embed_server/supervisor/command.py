@@ -14,7 +14,6 @@ from pathlib import Path
 from triton_embed_server.supervisor.core import Supervisor
 from triton_embed_server.supervisor.policy import EXIT_RESTARTS_EXHAUSTED, RestartPolicy
 from triton_embed_server.supervisor.server_args import server_arguments
-from triton_embed_server.supervisor.shm_watch import DEFAULT_INTERVAL_S, RegionWatch
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--shm-reclaim-interval-s",
         type=float,
-        default=DEFAULT_INTERVAL_S,
+        default=0.0,
         help="reload a model whose stub's /dev/shm region grew past the shm plan (a request "
         "beyond the configs), at most once per this many seconds per model (e.g. 60); 0: off, "
         "the default (Triton 2.51 can crash on such a reload under traffic)",
@@ -108,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         opts.port_timeout_s,
         opts.ready_timeout_s,
     )
+
+    from triton_embed_server.supervisor.shm_watch import RegionWatch
 
     supervisor.shm_watch = RegionWatch.from_arguments(command[1:], opts.shm_reclaim_interval_s)
     return supervisor.run()

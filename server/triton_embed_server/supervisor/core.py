@@ -35,7 +35,6 @@ from triton_embed_server.supervisor.processes import (
 )
 from triton_embed_server.supervisor.server_api import ServerApi
 from triton_embed_server.supervisor.server_args import server_endpoints
-from triton_embed_server.supervisor.shm_watch import RegionWatch, reclaim
 
 
 class Supervisor:
@@ -73,7 +72,7 @@ class Supervisor:
         self.api = ServerApi(command)
         # Reloads a model whose stub's /dev/shm region grew past the plan (shm_watch); set
         # by the command line (--shm-reclaim-interval-s), None: off.
-        self.shm_watch: RegionWatch | None = None
+        self.shm_watch = None  # a shm_watch.RegionWatch
         self.process: subprocess.Popen | None = None
         # The current server's stubs ever seen: {pid: (psutil.Process, /dev/shm region)}.
         self._seen: dict[int, tuple[object, str | None]] = {}
@@ -288,6 +287,8 @@ class Supervisor:
                         code = self._stop_server()
                         return code, f"was stopped after {failures} failed reloads", True
             if self.shm_watch is not None and not self._stop.is_set():
+                from triton_embed_server.supervisor.shm_watch import reclaim
+
                 reclaim(self, {pid: (m, self._seen[pid][1]) for pid, m in current.items()})
 
     def _ready_models(self) -> set[str] | None:

@@ -77,3 +77,16 @@ def test_the_largest_region_of_a_model_is_named_and_gone_regions_are_skipped(tmp
     os.unlink(tmp_path / a)
     os.unlink(tmp_path / b)
     assert RegionWatch({"embedder": MIB}, MIB, 60, tmp_path, Clock()).check(stubs) == []
+
+
+def test_the_command_line_turns_the_watch_on_and_it_is_off_by_default(monkeypatch):
+    from triton_embed_server.supervisor import command, core
+
+    seen = []
+    monkeypatch.setattr(core.Supervisor, "run", lambda self: seen.append(self.shm_watch) or 0)
+    server = ["--model-repository", str(REPO_ROOT / "model_repository")]
+    command.main(["--tritonserver", "/bin/true", "--shm-reclaim-interval-s", "60", "--", *server])
+    command.main(["--tritonserver", "/bin/true", "--", *server])
+    on, off = seen
+    assert on.planned == {"embedder": 7 * MIB, "tokenizer": 7 * MIB}
+    assert (on.margin, on.interval_s) == (5 * MIB, 60) and off is None

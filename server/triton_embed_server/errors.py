@@ -50,6 +50,13 @@ class TooLongError(InvalidArgumentError):
     reason = "too_long"
 
 
+class TextTooLargeError(TooLongError):
+    """A text's UTF-8 bytes exceed the most any text the tokenizer accepts can have.
+
+    Refused from the payload's size alone, before it is decoded (counted as ``too_long``).
+    """
+
+
 class InvalidTokenIdsError(InvalidArgumentError):
     """Token IDs sent to ``embedder`` are out of the vocabulary, too many, or malformed."""
 

@@ -36,10 +36,12 @@ from triton_embed_server.errors import (
     EmptyTextError,
     InvalidArgumentError,
     InvalidUtf8Error,
+    TextTooLargeError,
     TooLongError,
     TooMuchWorkError,
 )
 from triton_embed_server.model_spec import read_prompt_spec
+from triton_embed_server.shm.sizing import UTF8_MAX
 
 # Applied only to texts longer than max_chars (see TextTokenizer._prepare).
 _LONG_WHITESPACE = re.compile(r"\s{64,}")
@@ -135,6 +137,40 @@ def decode_text(payload: bytes, index: int, replace: bool = False) -> str:
         ) from None
 
 
+def max_text_bytes(config: TokenizerConfig) -> int:
+    """The most UTF-8 bytes one text may have: ``4 x max_chars x max_chunks``.
+
+    The longest text any request may send is ``max_chars * max_chunks`` characters (the
+    character cap of ``truncation=CHUNK``; ``END``/``START`` cut to ``max_chars``), and a
+    character takes at most 4 bytes in UTF-8 (RFC 3629). A text over this size can only be
+    cut or refused, and every byte of it is copied into the step's shared-memory region
+    first, which never shrinks (:mod:`triton_embed_server.shm.sizing`).
+    """
+    return UTF8_MAX * config.max_chars * config.max_chunks
+
+
+def check_text_size(payload: bytes, index: int, config: TokenizerConfig, limit: int) -> None:
+    """Refuse a text of more than ``limit`` bytes, from its size alone (O(1), nothing decoded).
+
+    Args:
+        payload: the text's bytes.
+        index: the text's index in its request (for the message).
+        config: the step's config (for the message's arithmetic).
+        limit: :func:`max_text_bytes` of ``config``.
+
+    Raises:
+        TextTooLargeError: names the text, its size, the limit and its arithmetic, and what
+            to do; the text itself is not quoted.
+    """
+    if len(payload) > limit:
+        raise TextTooLargeError(
+            f"text {index} is {len(payload)} bytes, over the limit of {limit} bytes per text "
+            f"({UTF8_MAX} bytes per character x max_chars={config.max_chars} x "
+            f"max_chunks={config.max_chunks}: the longest text truncation=CHUNK accepts); "
+            "split it into texts under the limit, or send only the part to embed"
+        )
+
+
 class TextTokenizer:
     """A Hugging Face fast tokenizer with the product's truncation and validation rules.
 
@@ -154,6 +190,7 @@ class TextTokenizer:
         self.body_budget = config.max_length - len(self.prefix) - len(self.suffix)
         self.prompting = read_prompt_spec(config.model_path)
         self._pool_skip: dict[str, int] = {}
+        self.max_text_bytes = max_text_bytes(config)
         if self.body_budget < 1:
             raise ValueError(
                 f"max_length={config.max_length} leaves no room for text next to "
@@ -249,6 +286,7 @@ class TextTokenizer:
     def _prepare(
         self, payload: bytes, index: int, truncation: Truncation, allow_empty: bool, replace: bool
     ) -> str:
+        check_text_size(payload, index, self.config, self.max_text_bytes)
         text = decode_text(payload, index, replace)
         if not text and not allow_empty:
             raise EmptyTextError(

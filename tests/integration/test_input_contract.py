@@ -126,14 +126,29 @@ def test_nul_and_control_characters_reach_the_tokenizer_as_sent(
 
 
 # ---- huge texts and length boundaries ----------------------------------------------------
-def test_five_megabyte_text_is_answered_quickly_both_ways(grpc_client):
-    huge = ("word " * 1_000_000).encode()  # 5 MB
+def test_a_megabyte_text_is_answered_quickly_both_ways(grpc_client):
+    big = ("word " * 209_715).encode()  # 1,048,575 bytes: just under the 1 MiB per-text limit
     t0 = time.monotonic()
-    vectors, counts = call(grpc_client, [huge])
+    vectors, counts = call(grpc_client, [big])
     assert counts.tolist() == [MAX_LENGTH] and vectors.shape == (1, DIM)
-    result = call(grpc_client, [huge], truncation="NONE")
-    assert_invalid(result, "5000000 characters", "16384-character cap")
+    result = call(grpc_client, [big], truncation="NONE")
+    assert_invalid(result, "1048575 characters", "16384-character cap")
     assert time.monotonic() - t0 < 30
+
+
+def test_a_text_over_the_per_text_byte_limit_is_refused_in_every_mode(server, grpc_client):
+    """A 5 MB text: refused from its size, the message bounded (issue 20 item 2)."""
+    huge = ("word " * 1_000_000).encode()  # 5 MB
+    for truncation in ("END", "START", "CHUNK", "NONE"):
+        result = call(grpc_client, ["fine", huge], truncation=truncation)
+        assert_invalid(
+            result,
+            "text 1 is 5000000 bytes, over the limit of 1048576 bytes per text (4 bytes per "
+            "character x max_chars=16384 x max_chunks=16",
+            "split it into texts under the limit",
+        )
+        assert len(result.message()) < 400 and "word word" not in result.message()
+    assert_still_serving(server, grpc_client)
 
 
 def test_every_length_from_zero_past_the_limit_answers(server, grpc_client, hf_tokenizer):

@@ -63,6 +63,14 @@ def main(argv: list[str] | None = None) -> int:
         help="how long a restart waits for the old server's ports",
     )
     parser.add_argument(
+        "--shm-reclaim-interval-s",
+        type=float,
+        default=0.0,
+        help="reload a model whose stub's /dev/shm region grew past the shm plan (a request "
+        "beyond the configs), at most once per this many seconds per model (e.g. 60); 0: off, "
+        "the default (Triton 2.51 can crash on such a reload under traffic)",
+    )
+    parser.add_argument(
         "--ready-timeout-s",
         type=float,
         default=600.0,
@@ -108,4 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         opts.ready_timeout_s,
         opts.stall_timeout_s,
     )
+
+    from triton_embed_server.supervisor.shm_watch import RegionWatch
+
+    supervisor.shm_watch = RegionWatch.from_arguments(command[1:], opts.shm_reclaim_interval_s)
     return supervisor.run()

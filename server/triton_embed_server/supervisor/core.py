@@ -82,6 +82,9 @@ class Supervisor:
         self.ready_timeout_s = ready_timeout_s
         self.endpoints = server_endpoints(command)
         self.api = ServerApi(command)
+        # Reloads a model whose stub's /dev/shm region grew past the plan (shm_watch); set
+        # by the command line (--shm-reclaim-interval-s), None: off.
+        self.shm_watch = None  # a shm_watch.RegionWatch
         self.process: subprocess.Popen | None = None
         # The current server's stubs ever seen: {pid: (psutil.Process, /dev/shm region)}.
         self._seen: dict[int, tuple[object, str | None]] = {}
@@ -334,6 +337,10 @@ class Supervisor:
                         self.log(f"{failures} reloads failed; stopping the server")
                         code = self._stop_server()
                         return code, f"was stopped after {failures} failed reloads", True
+            if self.shm_watch is not None and not self._stop.is_set():
+                from triton_embed_server.supervisor.shm_watch import reclaim
+
+                reclaim(self, {pid: (m, self._seen[pid][1]) for pid, m in current.items()})
 
     def _start_stalled_now(self, current: dict[int, str]) -> bool:
         """Sample the start's progress; when it stalled, log which models and return True.

@@ -1,18 +1,17 @@
 """A 100 MiB text over gRPC does not pin shared memory (issue 20 item 2). One dedicated server.
 
 The text grows the tokenizer stub's ``/dev/shm`` region (it is copied in before the step can
-refuse it, and a region never shrinks); the supervisor sees the region past the plan and
-reloads the tokenizer, whose new stubs start with fresh regions, while a stream of normal
-requests keeps being answered.
+refuse it, and a region never shrinks); the supervisor, with its shared-memory watch on
+(``--shm-reclaim-interval-s``, off by default), sees the region past the plan and reloads the
+tokenizer, whose new stubs start with fresh regions. Tested on a quiet server: under
+concurrent traffic Triton 2.51 crashed the replaced stub or itself during that reload in 3 of
+3 runs, which is why the watch ships off (docs/operations.md, "A region that grew").
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from triton_embed_server.launcher import TritonServer
 from triton_embed_server.supervisor.shm_watch import RegionWatch
 from tritonclient.utils import InferenceServerException
 
-from tests.helpers import DIM, MAX_LENGTH, infer_embed, text_input
+from tests.helpers import MAX_LENGTH, infer_embed, text_input
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -89,25 +88,7 @@ def tree_rss_mib(process) -> float:
     return total / 2**20
 
 
-def steps_refuse_huge_texts() -> bool:
-    """Whether the steps' code, as the stubs import it, has the per-text byte limit.
-
-    The Python-backend stubs import ``triton_embed_server`` from the environment's install,
-    not from ``PYTHONPATH``; the supervisor (this checkout's code) runs either way.
-    """
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    probe = "import triton_embed_server.tokenization as t; print(hasattr(t, 'check_text_size'))"
-    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
-    return out.stdout.strip() == "True"
-
-
-@pytest.mark.xfail(
-    reason="Triton 2.51: reloading the tokenizer after its region grew, under concurrent "
-    "traffic, crashed the replaced stub as it exited (its region stays mapped) or tritonserver "
-    "(SIGSEGV) in 3 of 3 runs; without the stream it passed (docs/operations.md)",
-    strict=False,
-)
-def test_a_100_mib_text_is_answered_and_its_memory_comes_back(reclaim_server):
+def test_a_100_mib_text_is_refused_and_its_memory_comes_back(reclaim_server):
     server = reclaim_server
     tritonserver, stubs0 = tritonserver_and_stubs(server)
     watch = RegionWatch.from_arguments(tritonserver.cmdline()[1:])
@@ -117,82 +98,50 @@ def test_a_100_mib_text_is_answered_and_its_memory_comes_back(reclaim_server):
     client = grpcclient.InferenceServerClient(server.grpc_url)
     infer_embed(client, ["warm up the tree"] * 8)
     rss0 = tree_rss_mib(tritonserver)
+    t0 = time.monotonic()
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("embed", [text_input([b"a" * HUGE])], client_timeout=300)
+    assert refused.value.status() == "StatusCode.INVALID_ARGUMENT", refused.value
+    assert refused.value.message().endswith(
+        f"text 0 is {HUGE} bytes, over the limit of 1048576 bytes per text (4 bytes per "
+        "character x max_chars=16384 x max_chunks=16: the longest text truncation=CHUNK "
+        "accepts); split it into texts under the limit, or send only the part to embed"
+    ), refused.value.message()
 
-    answered, failures, stop = [0], [], threading.Event()
-
-    def stream():  # normal traffic all along: none may fail
-        c = grpcclient.InferenceServerClient(server.grpc_url)
-        while not stop.is_set():
-            try:
-                r = c.infer("embed", [text_input(["normal request"])], client_timeout=60)
-                counts = r.as_numpy("NUM_TOKENS").reshape(-1)
-                assert counts.tolist() == [4], counts  # [CLS] normal request [SEP]
-                answered[0] += 1
-            except Exception as exc:  # noqa: BLE001 - every failure is reported
-                failures.append(repr(exc)[:300])
-
-    thread = threading.Thread(target=stream, daemon=True)
-    thread.start()
-    try:
-        t0 = time.monotonic()
-        try:
-            r = client.infer("embed", [text_input([b"a" * HUGE])], client_timeout=300)
-            result = (r.as_numpy("EMBEDDING").shape, r.as_numpy("NUM_TOKENS").reshape(-1).tolist())
-        except InferenceServerException as exc:
-            result = exc
-        if steps_refuse_huge_texts():
-            assert isinstance(result, InferenceServerException), result
-            assert result.status() == "StatusCode.INVALID_ARGUMENT", result
-            assert result.message().endswith(
-                f"text 0 is {HUGE} bytes, over the limit of 1048576 bytes per text (4 bytes per "
-                "character x max_chars=16384 x max_chunks=16: the longest text truncation=CHUNK "
-                "accepts); split it into texts under the limit, or send only the part to embed"
-            ), result.message()
-        else:  # before the limit: cut to max_chars and embedded
-            assert result[1] == [3] and result[0][0] == 1, result  # [CLS] a...(cut) [SEP]
-
-        # The tokenizer's region grew past the plan; within the limit it is replaced: a new
-        # tokenizer stub, the old region unlinked and unmapped, /dev/shm back where it was.
-        old_tok = {pid: r for pid, (m, r) in stubs0.items() if m == "tokenizer"}
-        grown = None
-        while time.monotonic() - t0 < RECLAIM_LIMIT_S:
-            _, stubs = tritonserver_and_stubs(server)
-            tok = {pid for pid, (m, _) in stubs.items() if m == "tokenizer"}
-            if (
-                tok
-                and not tok & set(old_tok)
-                and region_bytes(stubs) <= planned
-                and not any(r in mapped_regions(tritonserver) for r in old_tok.values())
-                and shutil.disk_usage(shm.SHM_DIR).used <= shm_used0 + (1 << 20)
-            ):
-                grown = time.monotonic() - t0
-                break
-            time.sleep(0.5)
-        log = server.log_tail(200_000)
-        assert grown is not None, (
-            f"memory not back in {RECLAIM_LIMIT_S} s: /dev/shm used "
-            f"{shutil.disk_usage(shm.SHM_DIR).used} (was {shm_used0}), tritonserver maps:\n"
-            f"{mapped_regions(tritonserver)}\n{len(failures)} failures {failures[:3]}, "
-            f"{answered[0]} answered\n{log[-3000:]}"
-        )
-        time.sleep(3)  # the stream runs on after the reload
-    finally:
-        stop.set()
-        thread.join(timeout=60)
+    # The tokenizer's region grew past the plan; within the limit it is replaced: a new
+    # tokenizer stub, the old region unlinked and unmapped, /dev/shm back where it was.
+    old_tok = {pid: r for pid, (m, r) in stubs0.items() if m == "tokenizer"}
+    back_after_s = None
+    while time.monotonic() - t0 < RECLAIM_LIMIT_S:
+        _, stubs = tritonserver_and_stubs(server)
+        tok = {pid for pid, (m, _) in stubs.items() if m == "tokenizer"}
+        if (
+            tok
+            and not tok & set(old_tok)
+            and region_bytes(stubs) <= planned
+            and not any(r in mapped_regions(tritonserver) for r in old_tok.values())
+            and shutil.disk_usage(shm.SHM_DIR).used <= shm_used0 + (1 << 20)
+        ):
+            back_after_s = time.monotonic() - t0
+            break
+        time.sleep(0.5)
+    log = server.log_tail(200_000)
+    assert back_after_s is not None, (
+        f"memory not back in {RECLAIM_LIMIT_S} s: /dev/shm used "
+        f"{shutil.disk_usage(shm.SHM_DIR).used} (was {shm_used0}), tritonserver maps:\n"
+        f"{mapped_regions(tritonserver)}\n{log[-3000:]}"
+    )
     _, stubs = tritonserver_and_stubs(server)
     assert len(stubs) == len(stubs0) and region_bytes(stubs) == planned
     for _, region in stubs0.values():  # the old tokenizer region is gone, the others kept
         assert (shm.SHM_DIR / region).exists() == (region in {r for _, r in stubs.values()})
-    assert shutil.disk_usage(shm.SHM_DIR).used <= shm_used0 + (1 << 20)
     assert "model 'tokenizer': shared-memory region triton_python_backend_shm_region_" in log
     assert "over the plan's 7.0 MiB per stub + 5.0 MiB margin" in log
     assert "reloaded 'tokenizer' for its shared memory in" in log
-    assert failures == [], failures[:5]
-    assert answered[0] > 20
     assert server.is_ready()
     rss = tree_rss_mib(tritonserver)
     assert rss < rss0 + 150, (rss0, rss)  # the 100 MiB copies went with the old stub
     _, counts = infer_embed(client, ["word " * 400])
     assert counts.tolist() == [MAX_LENGTH]
-    print(f"reclaimed in {grown:.1f} s; {answered[0]} normal requests answered; "
-          f"tree RSS {rss0:.0f} -> {rss:.0f} MiB; DIM {DIM}")  # fmt: skip
+    client.close()
+    print(f"memory back in {back_after_s:.1f} s; tree RSS {rss0:.0f} -> {rss:.0f} MiB")

@@ -224,6 +224,7 @@ class StepMetrics:
         self._hooks: list[Any] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="triton-embed-metrics", daemon=True)
+        self._started = False
 
     def family(self, name: str, description: str, kind: str = "COUNTER") -> Any:
         """Create (and keep alive) a ``MetricFamily`` of ``kind`` (COUNTER, GAUGE, HISTOGRAM)."""
@@ -281,9 +282,23 @@ class StepMetrics:
             metric.observe(value)
 
     def start(self) -> StepMetrics:
-        """Start the thread that flushes every ``interval_s`` seconds and runs the hooks."""
+        """Start the thread that flushes every ``interval_s`` seconds and runs the hooks.
+
+        Call it from ``execute`` (:meth:`ensure_started`), never from ``initialize``: a metric
+        call from another thread while the stub's ``initialize`` reply is still on its way
+        to tritonserver can hang the model's load for ever (seen: the load stalled after
+        every stub had logged the end of its ``initialize``, and the stuck stub was inside
+        ``Metric::SendSetValueRequest``; python_backend r24.10 waits for the reply with no
+        deadline). The first ``execute`` comes after the load is complete.
+        """
         self._thread.start()
         return self
+
+    def ensure_started(self) -> None:
+        """:meth:`start` once (cheap to call at the top of every ``execute``)."""
+        if not self._started:
+            self._started = True
+            self.start()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

@@ -236,6 +236,23 @@ def test_flush_thread_sends_counts_runs_hooks_and_flushes_on_stop(tmp_path):
     assert by_name["triton_embed_requests_succeeded_total"].metrics[0].value == 2
 
 
+def test_no_flush_thread_runs_until_the_first_execute_and_then_exactly_one():
+    # A metric call from a second thread during initialize can hang Triton 2.51's load
+    # (StepMetrics.start): the thread starts with the first execute, once.
+    import threading
+
+    before = {t.ident for t in threading.enumerate()}
+    step = StepMetrics(PB, "tokenizer", "tokenizer_0_0", interval_s=60)
+    assert not step._thread.is_alive()
+    assert {t.ident for t in threading.enumerate()} == before
+    step.ensure_started()
+    step.ensure_started()
+    started = [t for t in threading.enumerate() if t.ident not in before]
+    assert [t.name for t in started] == ["triton-embed-metrics"]
+    step.stop()
+    assert not step._thread.is_alive()
+
+
 def test_failed_counts_batch_per_flush():
     step = StepMetrics(PB, "tokenizer", "tokenizer_0_0")
     for _ in range(3):

@@ -66,7 +66,6 @@ class TritonPythonModel:
             hourly_price_usd=self.config.hourly_price_usd / self.config.instances_per_device,
             window_s=self.config.cost_window_s,
         )
-        self.metrics.start()
         pb_utils.Logger.log_info(
             f"embedder {name}: {self.config.model_path.name}, dim={self.engine.dim}, "
             f"pooling={self.spec.pooling.value}, normalize={self.spec.normalize}, "
@@ -77,6 +76,7 @@ class TritonPythonModel:
 
     def execute(self, requests):
         """Validate per request, embed all valid windows in one engine call, split back."""
+        self.metrics.ensure_started()  # not in initialize (StepMetrics.start says why)
         responses = [None] * len(requests)
         valid, token_ids, windows, options = [], [], [], []
         for r, request in enumerate(requests):

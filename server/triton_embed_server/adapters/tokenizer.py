@@ -31,7 +31,7 @@ class TritonPythonModel:
         repository_dir = Path(args["model_repository"]).parent
         self.config = TokenizerConfig.from_model_config(model_config, repository_dir)
         self.tokenizer = TextTokenizer(self.config)
-        self.metrics = StepMetrics(pb_utils, "tokenizer", args["model_instance_name"]).start()
+        self.metrics = StepMetrics(pb_utils, "tokenizer", args["model_instance_name"])
         pb_utils.Logger.log_info(
             f"tokenizer {args['model_instance_name']}: {self.config.model_path.name}, "
             f"max_length={self.config.max_length}, truncation={self.config.truncation.value}, "
@@ -45,6 +45,7 @@ class TritonPythonModel:
         about what tokenizing a short request costs, and Triton already drops a request
         cancelled in this step's queue and checks again before the ensemble's next step.
         """
+        self.metrics.ensure_started()  # not in initialize (StepMetrics.start says why)
         text_requests, option_errors = [], {}
         for r, request in enumerate(requests):
             texts = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy().reshape(-1)

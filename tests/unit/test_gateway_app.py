@@ -673,6 +673,26 @@ def test_tei_embed_of_token_ids(client):
     assert pool.calls[-1] == ("embedder", 2, {})
 
 
+def test_tei_tokenize_names_its_own_field_for_an_empty_text(client):
+    c, pool = client
+    r = post(c, "/tokenize", {"inputs": ["a", ""]})
+    assert r.status_code == 400
+    assert r.json()["error"] == (
+        "inputs[1] is an empty string; model 'embed' does not embed empty texts: send at least "
+        "one character in each input"
+    )
+    assert pool.calls == []  # refused before any upstream call
+
+
+def test_an_unknown_field_of_any_length_is_bounded_in_message_and_param(client):
+    c, _ = client
+    r = post(c, "/v1/embeddings", {"model": "embed", "input": "x", "z" * 100_000: 1})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == "z" * 64 and error["code"] == "unknown_field"
+    assert len(r.content) < 1_000
+
+
 def test_tei_tokenize_returns_ids_and_nulls_for_what_the_step_does_not_give(client):
     c, pool = client
     r = post(c, "/tokenize", {"inputs": "hello big world"})

@@ -96,7 +96,7 @@ def parse_embeddings_request(body: Any) -> EmbeddingsRequest:
     if unknown:
         raise BadRequest(
             f"unknown field {quote(unknown[0])}; the fields are {', '.join(FIELDS)}",
-            param=unknown[0],
+            param=unknown[0][:64],  # a field name of any length is quoted bounded
             code="unknown_field",
         )
     model = body.get("model")

@@ -192,6 +192,7 @@ async def tokenize(gateway: Gateway, request: Request, state: RequestState) -> R
     model = gateway.model(gateway.default_model)
     state.model = model.name
     texts, parameters = parse_tokenize_request(state.body)
+    check_not_empty(Inputs(texts=texts), model, "inputs")
     token_ids = await inference.tokenize(gateway.pool, model, texts, parameters)
     tokens = [
         [{"id": i, "text": None, "special": None, "start": None, "stop": None} for i in ids]

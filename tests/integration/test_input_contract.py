@@ -454,11 +454,13 @@ def test_cancelled_requests_queued_at_the_embedder(server):
 
     Both embedder instances are busy; 3 ``embed`` requests (already through the tokenizer
     step, 5 tokens each) and 3 requests sent straight to ``embedder`` (50 token IDs each)
-    wait behind them; their clients cancel all 6. The direct ones are never embedded (the
-    dynamic batcher drops them, or the step's ``request.is_cancelled()`` answers CANCELLED).
-    The ensemble's ones are embedded in some runs and dropped in others (seen: 3 of 3, 0 of
-    3): 2.51 checks a cancelled ensemble request between its steps, and whether its
-    composing request already queued at the embedder is dropped is a race.
+    wait behind them; their clients cancel all 6. Usually the direct ones are never embedded
+    (the dynamic batcher drops them, or the step's ``request.is_cancelled()`` answers
+    CANCELLED), but in one loaded run all 6 were answered before the cancel; the ensemble's
+    ones are embedded in some runs and dropped in others (seen: 3 of 3, 0 of 3): 2.51 checks a
+    cancelled ensemble request between its steps, and whether its composing request already
+    queued at the embedder is dropped is a race. So the test holds each request to one answer
+    and the step's counts to what was embedded, and prints which way each went.
     """
     client = grpcclient.InferenceServerClient(server.grpc_url)
     settled_counts(server, client, "embedder")
@@ -502,8 +504,11 @@ def test_cancelled_requests_queued_at_the_embedder(server):
     print(f"embedded {embedded}: 2 busy, {ensemble} of the 3 cancelled ensemble requests, "
           f"{direct} of the 3 direct ones; {cancelled} answered CANCELLED by the step")  # fmt: skip
     assert len(answers) == 6, answers
-    assert all(e is not None and e.status() == "StatusCode.CANCELLED" for e in answers), answers
-    assert direct == 0 and embedded == 2 + ensemble and tokens == 5 * ensemble
+    # Each request is answered once: CANCELLED, or (when its answer came back before the
+    # cancel reached it) embedded; the step's counts add up to exactly what was embedded.
+    assert all(e is None or e.status() == "StatusCode.CANCELLED" for e in answers), answers
+    assert embedded == 2 + ensemble + direct and tokens == 5 * ensemble + 50 * direct
+    assert sum(e is None for e in answers) <= ensemble + direct, answers
     assert_still_serving(server, client)
 
 

@@ -77,3 +77,20 @@ def stub_regions(server) -> list[str]:
         except psutil.Error:
             pass
     return [r for r in regions if r]
+
+
+def tree_rss_mib(process) -> float:
+    """RSS of a ``psutil.Process`` and all its descendants, MiB (processes gone are skipped).
+
+    Shared pages (a Python-backend region mapped by the server and a stub) count once per
+    process that maps them.
+    """
+    import psutil
+
+    total = 0
+    for p in [process, *process.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total / 2**20

@@ -21,7 +21,7 @@ from triton_embed_server.launcher import TritonServer
 from triton_embed_server.supervisor import stub_shm_region
 from tritonclient.utils import InferenceServerException
 
-from tests.helpers import MAX_LENGTH, metric_sum, text_input
+from tests.helpers import MAX_LENGTH, metric_sum, text_input, tree_rss_mib
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -58,17 +58,7 @@ def stubs(server):
 
 
 def server_rss_mb(server):
-    procs = [
-        psutil.Process(server.process.pid),
-        *psutil.Process(server.process.pid).children(recursive=True),
-    ]
-    total = 0
-    for p in procs:
-        try:
-            total += p.memory_info().rss
-        except psutil.Error:
-            pass
-    return total / 2**20
+    return tree_rss_mib(psutil.Process(server.process.pid))
 
 
 def shm_bytes(server):

@@ -23,7 +23,7 @@ from triton_embed_server.launcher import TritonServer
 from triton_embed_server.supervisor.shm_watch import RegionWatch
 from tritonclient.utils import InferenceServerException
 
-from tests.helpers import MAX_LENGTH, infer_embed, text_input
+from tests.helpers import MAX_LENGTH, infer_embed, text_input, tree_rss_mib
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -76,16 +76,6 @@ def mapped_regions(process) -> str:
     except OSError:
         return ""
     return "\n".join(line for line in maps.splitlines() if shm.DEFAULT_REGION_PREFIX in line)
-
-
-def tree_rss_mib(process) -> float:
-    total = 0
-    for p in [process, *process.children(recursive=True)]:
-        try:
-            total += p.memory_info().rss
-        except psutil.Error:
-            pass
-    return total / 2**20
 
 
 def test_a_100_mib_text_is_refused_and_its_memory_comes_back(reclaim_server):

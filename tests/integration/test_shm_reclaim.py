@@ -69,6 +69,12 @@ def region_bytes(stubs) -> int:
     return sum(os.stat(shm.SHM_DIR / r).st_size for _, r in stubs.values())
 
 
+def rss_split_mib(tritonserver) -> dict[str, float]:
+    """RSS, MiB, of ``tritonserver`` alone and of its stubs (and their children) together."""
+    own = tritonserver.memory_info().rss / 2**20
+    return {"tritonserver": round(own), "stubs": round(tree_rss_mib(tritonserver) - own)}
+
+
 def mapped_regions(process) -> str:
     """The lines of ``process``'s memory map that map a Python-backend region."""
     try:
@@ -87,7 +93,7 @@ def test_a_100_mib_text_is_refused_and_its_memory_comes_back(reclaim_server):
     shm_used0 = shutil.disk_usage(shm.SHM_DIR).used
     client = grpcclient.InferenceServerClient(server.grpc_url)
     infer_embed(client, ["warm up the tree"] * 8)
-    rss0 = tree_rss_mib(tritonserver)
+    rss0 = rss_split_mib(tritonserver)
     t0 = time.monotonic()
     with pytest.raises(InferenceServerException) as refused:
         client.infer("embed", [text_input([b"a" * HUGE])], client_timeout=300)
@@ -129,9 +135,13 @@ def test_a_100_mib_text_is_refused_and_its_memory_comes_back(reclaim_server):
     assert "over the plan's 7.0 MiB per stub + 5.0 MiB margin" in log
     assert "reloaded 'tokenizer' for its shared memory in" in log
     assert server.is_ready()
-    rss = tree_rss_mib(tritonserver)
-    assert rss < rss0 + 150, (rss0, rss)  # the 100 MiB copies went with the old stub
+    rss = rss_split_mib(tritonserver)
+    # The stubs held the 100 MiB copies: they went with the old tokenizer stub. tritonserver
+    # itself received the gRPC message; its allocator may keep up to one such buffer for
+    # reuse (a CI run kept about 200 MiB over the whole tree), never more than that.
+    assert rss["stubs"] < rss0["stubs"] + 60, (rss0, rss)
+    assert rss["tritonserver"] < rss0["tritonserver"] + HUGE / 2**20 + 60, (rss0, rss)
     _, counts = infer_embed(client, ["word " * 400])
     assert counts.tolist() == [MAX_LENGTH]
     client.close()
-    print(f"memory back in {back_after_s:.1f} s; tree RSS {rss0:.0f} -> {rss:.0f} MiB")
+    print(f"memory back in {back_after_s:.1f} s; RSS MiB {rss0} -> {rss}")

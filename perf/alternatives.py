@@ -24,7 +24,7 @@ import statistics
 import time
 from pathlib import Path
 
-from triton_embed_server.launcher import TritonServer
+from triton_embed_server.run.launcher import TritonServer
 
 from perf.contenders import infinity
 from perf.contenders.engine import engine_ceiling

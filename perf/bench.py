@@ -48,7 +48,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from triton_embed_server.launcher import REPO_ROOT, TritonServer
+from triton_embed_server.run.launcher import REPO_ROOT, TritonServer
 
 from perf.alternatives import run_alternatives, summarize_alternatives
 from perf.config_ablations import ABLATIONS, config_ablation

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import psutil
 from triton_embed.corpus import read_fortunes, write_jsonl
-from triton_embed_server.launcher import REPO_ROOT, TritonServer
+from triton_embed_server.run.launcher import REPO_ROOT, TritonServer
 
 OUT = REPO_ROOT / "perf" / "bulk"
 FLAGS = ["--concurrency", "8", "--batch-size", "64", "--no-progress"]

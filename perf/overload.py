@@ -295,7 +295,7 @@ def summarize(run: LoadRun) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m perf.overload``: exit 1 on any crash (error, server gone, not ready)."""
-    from triton_embed_server.launcher import REPO_ROOT, TritonServer
+    from triton_embed_server.run.launcher import REPO_ROOT, TritonServer
 
     from perf.corpora import exact_texts
 

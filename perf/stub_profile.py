@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import psutil
-from triton_embed_server.launcher import TritonServer
+from triton_embed_server.run.launcher import TritonServer
 
 from perf.contenders.triton_pa import perf_analyzer_command, write_input_data
 from perf.corpora import exact_texts

@@ -28,7 +28,7 @@ from triton_embed import EmbeddingClient, cli
 from triton_embed.admin import ADMIN_KEY_ENV
 from triton_embed.bulk.shards import read_vectors
 from triton_embed.corpus import read_fortunes, read_texts, write_jsonl
-from triton_embed_server.launcher import REPO_ROOT, Gateway, TritonServer
+from triton_embed_server.run.launcher import REPO_ROOT, Gateway, TritonServer
 
 QUERIES = [
     "a computer program that does not work",

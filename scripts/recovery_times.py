@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/recovery_times.py [--repeats 3] [--cases ...] [--json out.json]
 
-Starts one ``python -m triton_embed_server.supervisor`` server on free loopback ports (the
+Starts one ``python -m triton_embed_server.run.supervisor`` server on free loopback ports (the
 shipped ``model_repository``), waits until it is ready, and then, for each case and repeat,
 kills one process and probes the service every 0.2 s (``/v2/health/ready`` and a one-text
 ``embed`` request) until every request has succeeded 12 times in a row again and the
@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import tritonclient.grpc as grpcclient
-from triton_embed_server.launcher import REPO_ROOT, free_port
+from triton_embed_server.run.launcher import REPO_ROOT, free_port
 
 CASES = ("embedder-stub", "tokenizer-stub", "server-sigkill", "server-sigabrt")
 STREAK = 12
@@ -52,7 +52,7 @@ class Supervised:
     def __init__(self, log_path: Path, own_args: list[str]):
         self.ports = {name: free_port() for name in ("http", "grpc", "metrics")}
         self.log_path = log_path
-        command = [sys.executable, "-m", "triton_embed_server.supervisor", *own_args, "--"]
+        command = [sys.executable, "-m", "triton_embed_server.run.supervisor", *own_args, "--"]
         command += ["--model-repository", str(REPO_ROOT / "model_repository")]
         for name, port in self.ports.items():
             command += [f"--{name}-address", "127.0.0.1", f"--{name}-port", str(port)]

@@ -19,7 +19,7 @@ TRITONSERVER="${ROOT}/.venv/bin/tritonserver"
 ADDR="${BIND_ADDRESS:-127.0.0.1}"
 # The supervisor runs tritonserver (explicit model control, all models loaded) and reloads a
 # model whose Python-backend stub process died; SUPERVISE=0 runs tritonserver bare.
-SUPERVISOR=("${ROOT}/.venv/bin/python" -m triton_embed_server.supervisor --)
+SUPERVISOR=("${ROOT}/.venv/bin/python" -m triton_embed_server.run.supervisor --)
 [[ "${SUPERVISE:-1}" == "0" ]] && SUPERVISOR=("$TRITONSERVER")
 # Restricted APIs (docs/operations.md): every API but inference, health and metadata needs the
 # admin key, and over HTTP inference too; from TRITON_EMBED_ADMIN_KEY, the file
@@ -32,7 +32,7 @@ SUPERVISOR=("${ROOT}/.venv/bin/python" -m triton_embed_server.supervisor --)
 HTTP_ADDR=127.0.0.1
 RESTRICT=()
 if [[ "${RESTRICTED_APIS:-1}" != "0" ]]; then
-    flags="$("${ROOT}/.venv/bin/python" -m triton_embed_server.admin_key --tritonserver-args)"
+    flags="$("${ROOT}/.venv/bin/python" -m triton_embed_server.host.admin_key --tritonserver-args)"
     mapfile -t RESTRICT <<< "$flags"
 fi
 if [[ "${PER_NUMA_NODE:-0}" == "1" && -n "${GATEWAY_PORT:-}" ]]; then
@@ -42,7 +42,7 @@ if [[ "${PER_NUMA_NODE:-0}" == "1" && -n "${GATEWAY_PORT:-}" ]]; then
 fi
 if [[ "${PER_NUMA_NODE:-0}" == "1" ]]; then
     # The doctor's plan decides the servers; each runs under the supervisor with its own ports.
-    exec "${ROOT}/.venv/bin/python" -m triton_embed_server.per_node --bind-address "$ADDR" -- \
+    exec "${ROOT}/.venv/bin/python" -m triton_embed_server.host.per_node --bind-address "$ADDR" -- \
         --model-repository "${MODEL_REPOSITORY:-${ROOT}/model_repository}" --log-verbose 0 \
         "${RESTRICT[@]}" "$@"
 fi
@@ -51,7 +51,7 @@ fi
 # (the script stops with the message if /dev/shm is too small).
 SHM_ARGS=()
 if [[ "${SUPERVISE:-1}" == "0" ]]; then
-    shm_args="$("${ROOT}/.venv/bin/python" -m triton_embed_server.shm args -- \
+    shm_args="$("${ROOT}/.venv/bin/python" -m triton_embed_server.host.shm args -- \
         --model-repository "${MODEL_REPOSITORY:-${ROOT}/model_repository}" "$@")"
     [[ -z "$shm_args" ]] || mapfile -t SHM_ARGS <<< "$shm_args"
 fi

@@ -148,11 +148,11 @@ PY
 fi
 
 # ---- 3. Wire the Triton binaries --------------------------------------------------------
-"${VENV}/bin/python" -m triton_embed_server.toolchain install \
+"${VENV}/bin/python" -m triton_embed_server.host.toolchain install \
     || fail "could not wire tritonserver / perf_analyzer into .venv" "re-run with FORCE=1"
 
 # ---- 4. Verify -----------------------------------------------------------------------
 step "verifying the serving environment"
-"${VENV}/bin/python" -m triton_embed_server.toolchain check \
+"${VENV}/bin/python" -m triton_embed_server.host.toolchain check \
     || fail "the serving environment check failed (see above)" "re-run with FORCE=1 scripts/setup.sh"
 step "setup complete. Activate with: source .venv/bin/activate"

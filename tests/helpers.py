@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from triton_embed_server.model_files import resolve_model_path
+from triton_embed_server.models.model_files import resolve_model_path
 
 # The model the shipped repository serves (all-MiniLM-L6-v2) and its shape, read from its
 # own sentence-transformers files.
@@ -68,7 +68,7 @@ def triton_config(params: dict[str, str] | None = None, **extra) -> dict:
 def stub_regions(server) -> list[str]:
     """The ``/dev/shm`` regions of a server's Python-backend stubs (left behind by SIGKILL)."""
     import psutil
-    from triton_embed_server.supervisor import stub_shm_region
+    from triton_embed_server.run.supervisor import stub_shm_region
 
     regions = []
     for proc in psutil.Process(server.process.pid).children(recursive=True):

@@ -1,6 +1,6 @@
 """The admin key: what a caller of a restricted Triton API sends, and where it reads the key.
 
-The server (``scripts/serve.sh``, :class:`triton_embed_server.launcher.TritonServer`) restricts
+The server (``scripts/serve.sh``, :class:`triton_embed_server.run.launcher.TritonServer`) restricts
 every API but inference, health and metadata: model configuration, the model repository
 (load/unload), statistics, trace, logging and shared-memory registration answer only requests
 that carry the admin key in a header (docs/operations.md, "Restricted APIs"). Triton compares

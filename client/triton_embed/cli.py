@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             run_query(args)
         elif args.command == "doctor":
             # The doctor reads the serving host; the client never imports it otherwise.
-            from triton_embed_server.doctor import run_doctor
+            from triton_embed_server.host.doctor import run_doctor
 
             if run_doctor(args).get("aligned") is False:
                 return 1  # --in-pod: NOT ALIGNED

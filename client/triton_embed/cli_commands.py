@@ -365,7 +365,7 @@ def run_repository(args: argparse.Namespace) -> None:
     """``triton-embed repository add|list|remove|load|unload`` (flags checked by the parser).
 
     ``add``, ``list`` and ``remove`` read model folders: they run the server package's
-    :mod:`triton_embed_server.repository_gen`, imported here only (a client-only install has
+    :mod:`triton_embed_server.models.repository`, imported here only (a client-only install has
     no server package and needs none for ``load`` / ``unload``).
 
     Raises:
@@ -378,7 +378,7 @@ def run_repository(args: argparse.Namespace) -> None:
             getattr(control, f"{args.action}_model")(args.name)
         print(f"{args.action}ed {args.name!r} at {control.url}")
         return
-    from triton_embed_server import repository_gen as gen
+    from triton_embed_server.models import repository as gen
 
     if args.action == "list":
         models = gen.list_models(args.repository)

@@ -4,7 +4,7 @@ A request's options travel as KServe v2 request ``parameters`` (gRPC ``parameter
 ``infer()``, HTTP ``"parameters": {...}``); the ensemble forwards them to its ``tokenizer``
 step. This module holds their names, allowed values and defaults, and the one parser of
 their values. The client library and the CLI build requests with it; the server's tokenizer
-step (``triton_embed_server.tokenization``) parses them with it.
+step (``triton_embed_server.steps.tokenization``) parses them with it.
 
 ========================  ==========================  ==========================================
 parameter                 values (case-insensitive)   when absent
@@ -32,7 +32,7 @@ theirs (``docs/input-contract.md``, "Long inputs"). ``normalize=false`` returns 
 vectors without L2 normalization, as text-embeddings-inference's ``normalize`` does (TEI
 never applies the model's ``Normalize`` module itself); ``true`` L2-normalizes them.
 Which ``input_type`` and ``dimensions`` values a model accepts is the model's
-(:mod:`triton_embed_server.model_spec`); this module checks only their form.
+(:mod:`triton_embed_server.models.model_spec`); this module checks only their form.
 
 A value outside its allowed set is an error that names the parameter, the value and the
 allowed values. A parameter with any other name is an error too (a misspelt option must not

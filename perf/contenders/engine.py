@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from triton_embed_server.launcher import REPO_ROOT
+from triton_embed_server.run.launcher import REPO_ROOT
 
 
 def engine_ceiling(length: int, seconds: float, replicas: int, options: dict | None = None) -> dict:
@@ -38,7 +38,7 @@ def engine_ceiling(length: int, seconds: float, replicas: int, options: dict | N
     Raises:
         RuntimeError: a replica failed to start or to report.
     """
-    from triton_embed_server.placement.slicing import cpu_slice
+    from triton_embed_server.host.placement.slicing import cpu_slice
 
     cpus = sorted(os.sched_getaffinity(0))
     procs = []

@@ -1,7 +1,7 @@
 """Contenders ``gateway_float`` / ``gateway_base64``: our HTTP gateway in front of the ensemble.
 
 :class:`GatewayServer` starts ``python -m triton_embed_server.gateway`` (one uvicorn worker,
-as shipped; the process is the launcher's :class:`~triton_embed_server.launcher.Gateway`) on
+as shipped; the process is the launcher's :class:`~triton_embed_server.run.launcher.Gateway`) on
 a free loopback port in front of a running :class:`TritonServer`, the one the ``triton_pa``
 and ``triton_client`` contenders load; :func:`gateway_load` drives its
 OpenAI ``/v1/embeddings`` route with the load generator that drives vLLM's server
@@ -17,7 +17,7 @@ import time
 import urllib.error
 import urllib.request
 
-from triton_embed_server.launcher import Gateway, TritonServer
+from triton_embed_server.run.launcher import Gateway, TritonServer
 
 from perf.contenders.openai_load import embeddings_load, request_body
 
@@ -68,7 +68,7 @@ def gateway_load(
 class GatewayServer:
     """A gateway on a free loopback port in front of ``server``, ready to embed; a context manager.
 
-    The process is :class:`triton_embed_server.launcher.Gateway`'s (the server's admin key, no
+    The process is :class:`triton_embed_server.run.launcher.Gateway`'s (the server's admin key, no
     API key, one uvicorn worker unless ``workers``). Entering starts it and then also waits
     until ``GET /health`` answers 200 and one embedding request succeeds, raising
     ``RuntimeError`` with its log's tail if that does not happen within

@@ -25,7 +25,7 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
-from triton_embed_server.launcher import REPO_ROOT, free_port
+from triton_embed_server.run.launcher import REPO_ROOT, free_port
 
 from perf.contenders.openai_load import decode, request_body
 from perf.corpora import MAX_TOKENS, MODEL

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from triton_embed_server.launcher import REPO_ROOT
+from triton_embed_server.run.launcher import REPO_ROOT
 
 #: The batch sizes tried; 32 is ``encode``'s default.
 BATCH_SIZES = (16, 32, 64, 128)

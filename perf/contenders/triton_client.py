@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from triton_embed_server.launcher import TritonServer
+from triton_embed_server.run.launcher import TritonServer
 
 
 def client_library(

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from triton_embed.admin import GRPC_ADMIN_HEADER
-from triton_embed_server.launcher import TritonServer
-from triton_embed_server.metrics import REPORT_INTERVAL_S
+from triton_embed_server.run.launcher import TritonServer
+from triton_embed_server.steps.metrics import REPORT_INTERVAL_S
 
 EXPECTED_TOKENS_S = 8000  # sizes perf_analyzer's count windows (the 2-core reference machine)
 

@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 
-from triton_embed_server.launcher import free_port
+from triton_embed_server.run.launcher import free_port
 
 from perf.contenders.openai_load import embeddings_load
 from perf.corpora import MAX_TOKENS, MODEL

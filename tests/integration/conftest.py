@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from triton_embed_server.launcher import TritonServer
+from triton_embed_server.run.launcher import TritonServer
 
 from tests.helpers import MODEL_PATH
 

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from triton_embed_server.launcher import REPO_ROOT
+from triton_embed_server.run.launcher import REPO_ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

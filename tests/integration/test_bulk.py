@@ -27,8 +27,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from triton_embed.corpus import read_fortunes, write_jsonl
-from triton_embed_server.launcher import TritonServer
-from triton_embed_server.supervisor import remove_shm_regions
+from triton_embed_server.run.launcher import TritonServer
+from triton_embed_server.run.supervisor import remove_shm_regions
 
 from perf.bulk import measure
 from tests.helpers import cosines, stub_regions

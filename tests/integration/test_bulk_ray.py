@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from triton_embed.corpus import read_fortunes
-from triton_embed_server.launcher import free_port
+from triton_embed_server.run.launcher import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

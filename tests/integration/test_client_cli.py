@@ -19,7 +19,7 @@ from triton_embed import (
 )
 from triton_embed.admin import ADMIN_KEY_ENV
 from triton_embed.corpus import read_fortunes, write_jsonl
-from triton_embed_server.launcher import free_port
+from triton_embed_server.run.launcher import free_port
 
 from tests.helpers import COSINE_MIN, DIM, cosines
 

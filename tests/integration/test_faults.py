@@ -17,8 +17,8 @@ import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 from triton_embed.admin import GRPC_ADMIN_HEADER
-from triton_embed_server.launcher import TritonServer
-from triton_embed_server.supervisor import stub_shm_region
+from triton_embed_server.run.launcher import TritonServer
+from triton_embed_server.run.supervisor import stub_shm_region
 from tritonclient.utils import InferenceServerException
 
 from tests.helpers import MAX_LENGTH, metric_sum, text_input, tree_rss_mib
@@ -113,7 +113,7 @@ def test_failing_traffic_does_not_leak_and_counts_as_failures(fault_server):
     time.sleep(2)
     assert results.count(True) == 2500 and results.count(False) == 2500
     # Our own counters (Triton 2.51 counts a Python-backend error response as a success of
-    # that model, and an ensemble failure twice; see triton_embed_server.metrics).
+    # that model, and an ensemble failure twice; see triton_embed_server.steps.metrics).
     assert metric(fault_server, "triton_embed_requests_failed_total", "tokenizer") - fail0 == 2500
     assert metric(fault_server, "triton_embed_requests_succeeded_total", "tokenizer") - ok0 == 2500
     assert (

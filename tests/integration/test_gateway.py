@@ -18,7 +18,7 @@ import numpy as np
 import orjson
 import pytest
 from triton_embed import EmbeddingClient
-from triton_embed_server.launcher import REPO_ROOT, Gateway
+from triton_embed_server.run.launcher import REPO_ROOT, Gateway
 
 from tests.helpers import COSINE_MIN, DIM, MAX_LENGTH, cosines
 

@@ -26,10 +26,10 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from triton_embed import EmbeddingClient
-from triton_embed_server.admin_key import generate_key
-from triton_embed_server.launcher import Gateway, TritonServer
-from triton_embed_server.repository import copy_repository, edit_config
-from triton_embed_server.supervisor import remove_shm_regions
+from triton_embed_server.host.admin_key import generate_key
+from triton_embed_server.models.repository.copies import copy_repository, edit_config
+from triton_embed_server.run.launcher import Gateway, TritonServer
+from triton_embed_server.run.supervisor import remove_shm_regions
 
 from tests.helpers import metric_sum, stub_regions
 

@@ -18,7 +18,7 @@ import numpy as np
 import orjson
 import pytest
 from triton_embed import EmbeddingClient
-from triton_embed_server.launcher import Gateway
+from triton_embed_server.run.launcher import Gateway
 
 from tests.helpers import DIM, metric_sum
 

@@ -361,7 +361,7 @@ def test_embedder_refuses_more_windows_than_max_chunks_and_serves_its_batch(serv
 def embedder_outcomes(server):
     """(requests the embedder step embedded, refused as too_much_work, answered CANCELLED,
     tokens embedded), from its own metrics once they are flushed."""
-    from triton_embed_server.metrics import REPORT_INTERVAL_S
+    from triton_embed_server.steps.metrics import REPORT_INTERVAL_S
 
     from tests.helpers import metric_sum
 

@@ -30,9 +30,9 @@ import tritonclient.grpc as grpcclient
 from triton_embed import EmbeddingClient, InvalidInputError
 from triton_embed.admin import ADMIN_KEY_ENV
 from triton_embed.codec import decode_embeddings
-from triton_embed_server.launcher import TritonServer
-from triton_embed_server.repository import edit_config
-from triton_embed_server.supervisor.processes import child_stubs
+from triton_embed_server.models.repository.copies import edit_config
+from triton_embed_server.run.launcher import TritonServer
+from triton_embed_server.run.supervisor.processes import child_stubs
 
 from tests.helpers import COSINE_MIN, cosines, text_input
 from tests.model_factory import (

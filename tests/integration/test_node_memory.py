@@ -13,9 +13,9 @@ import re
 import time
 
 import pytest
-from triton_embed_server import node_memory
-from triton_embed_server.launcher import TritonServer
-from triton_embed_server.repository import copy_repository, edit_config
+from triton_embed_server.host import node_memory
+from triton_embed_server.models.repository.copies import copy_repository, edit_config
+from triton_embed_server.run.launcher import TritonServer
 
 pytestmark = pytest.mark.integration
 

@@ -12,12 +12,16 @@ import psutil
 import pytest
 from triton_embed.cli import main as cli_main
 from triton_embed.codec import encode_token_ids
-from triton_embed_server import doctor
-from triton_embed_server.launcher import REPO_ROOT, TritonServer
-from triton_embed_server.metrics import NUMA_EVENTS, REPORT_INTERVAL_S, cost_per_million_tokens
-from triton_embed_server.placement.plan import instance_index
-from triton_embed_server.repository import copy_repository, edit_config
-from triton_embed_server.topology import parse_cpu_list
+from triton_embed_server.host import doctor
+from triton_embed_server.host.placement.instance import instance_index
+from triton_embed_server.host.topology import parse_cpu_list
+from triton_embed_server.models.repository.copies import copy_repository, edit_config
+from triton_embed_server.run.launcher import REPO_ROOT, TritonServer
+from triton_embed_server.steps.metrics import (
+    NUMA_EVENTS,
+    REPORT_INTERVAL_S,
+    cost_per_million_tokens,
+)
 
 from tests.helpers import DIM, MAX_LENGTH, infer_embed, metric_sum, text_input
 
@@ -208,8 +212,8 @@ def test_serve_script_per_numa_node_serves_and_stops(tmp_path):
 
     from triton_embed import EmbeddingClient
     from triton_embed.admin import ADMIN_KEY_ENV
-    from triton_embed_server.admin_key import generate_key
-    from triton_embed_server.launcher import free_port
+    from triton_embed_server.host.admin_key import generate_key
+    from triton_embed_server.run.launcher import free_port
 
     http, grpc, metrics = free_port(), free_port(), free_port()
     key = generate_key()  # given, so serve.sh writes no key file into this user's home

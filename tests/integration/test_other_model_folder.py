@@ -6,8 +6,8 @@ import shutil
 
 import numpy as np
 import pytest
-from triton_embed_server.launcher import TritonServer
-from triton_embed_server.repository import copy_repository, edit_config
+from triton_embed_server.models.repository.copies import copy_repository, edit_config
+from triton_embed_server.run.launcher import TritonServer
 
 from tests.helpers import COSINE_MIN, MODEL_PATH, cosines, infer_embed
 

@@ -27,8 +27,8 @@ import pytest
 from triton_embed import EmbeddingClient, RetryPolicy, ServerOverloadedError
 from triton_embed.corpus import read_fortunes
 from triton_embed.errors import QUEUE_FULL
-from triton_embed_server.launcher import TritonServer
-from triton_embed_server.repository import copy_repository, edit_config
+from triton_embed_server.models.repository.copies import copy_repository, edit_config
+from triton_embed_server.run.launcher import TritonServer
 
 from perf.overload import BackgroundLoad, run_load, summarize
 from tests.helpers import DIM

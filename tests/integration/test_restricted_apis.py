@@ -33,9 +33,9 @@ from triton_embed.admin import (
     http_headers,
     read_key_file,
 )
-from triton_embed_server.admin_key import HTTP_RESTRICTED_APIS, RESTRICTED_APIS
-from triton_embed_server.launcher import REPO_ROOT, free_port
-from triton_embed_server.repository import copy_repository, edit_config
+from triton_embed_server.host.admin_key import HTTP_RESTRICTED_APIS, RESTRICTED_APIS
+from triton_embed_server.models.repository.copies import copy_repository, edit_config
+from triton_embed_server.run.launcher import REPO_ROOT, free_port
 from tritonclient.utils import InferenceServerException
 
 from tests.helpers import DIM, infer_embed

@@ -6,7 +6,7 @@ import subprocess
 
 import psutil
 import pytest
-from triton_embed_server.launcher import REPO_ROOT
+from triton_embed_server.run.launcher import REPO_ROOT
 
 from perf.contenders.triton_pa import perf_analyzer_command
 from tests.helpers import infer_embed

@@ -18,8 +18,8 @@ import urllib.request
 import psutil
 import pytest
 import tritonclient.grpc as grpcclient
-from triton_embed_server.launcher import REPO_ROOT, free_port
-from triton_embed_server.supervisor import EXIT_RESTARTS_EXHAUSTED, stub_parent_pid
+from triton_embed_server.run.launcher import REPO_ROOT, free_port
+from triton_embed_server.run.supervisor import EXIT_RESTARTS_EXHAUSTED, stub_parent_pid
 from tritonclient.utils import InferenceServerException
 
 from tests.helpers import DIM, infer_embed
@@ -32,12 +32,12 @@ WATCHING = "watching stub processes per model"
 
 
 class Supervised:
-    """``python -m triton_embed_server.supervisor`` on free loopback ports, output to a log."""
+    """``python -m triton_embed_server.run.supervisor`` on free loopback ports, output to a log."""
 
     def __init__(self, log_path, *own_args):
         self.ports = {name: free_port() for name in ("http", "grpc", "metrics")}
         self.log_path = log_path
-        command = [sys.executable, "-m", "triton_embed_server.supervisor", *own_args, "--"]
+        command = [sys.executable, "-m", "triton_embed_server.run.supervisor", *own_args, "--"]
         command += ["--model-repository", str(REPO_ROOT / "model_repository")]
         for name, port in self.ports.items():
             command += [f"--{name}-address", "127.0.0.1", f"--{name}-port", str(port)]

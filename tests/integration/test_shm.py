@@ -15,9 +15,9 @@ import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 from triton_embed.codec import decode_embeddings
-from triton_embed_server import shm
-from triton_embed_server.launcher import REPO_ROOT, TritonServer, free_port
-from triton_embed_server.repository import copy_repository, edit_config
+from triton_embed_server.host import shm
+from triton_embed_server.models.repository.copies import copy_repository, edit_config
+from triton_embed_server.run.launcher import REPO_ROOT, TritonServer, free_port
 
 from tests.helpers import COSINE_MIN, MAX_LENGTH, cosines, infer_embed, text_input
 
@@ -186,7 +186,13 @@ def test_start_paths_refuse_before_starting_tritonserver(huge_repository, tmp_pa
     env = {"MODEL_REPOSITORY": str(huge_repository), "RESTRICTED_APIS": "0"}
     argv, want_code, want_prefix = {
         "supervisor": (
-            [sys.executable, "-m", "triton_embed_server.supervisor", "--tritonserver", str(fake)]
+            [
+                sys.executable,
+                "-m",
+                "triton_embed_server.run.supervisor",
+                "--tritonserver",
+                str(fake),
+            ]
             + ["--", "--model-repository", str(huge_repository)],
             shm.EXIT_TOO_SMALL,
             "[supervisor] error: /dev/shm has ",
@@ -194,7 +200,7 @@ def test_start_paths_refuse_before_starting_tritonserver(huge_repository, tmp_pa
         "serve.sh": (serve, shm.EXIT_TOO_SMALL, "[supervisor] error: /dev/shm has "),
         "serve.sh SUPERVISE=0": (serve, 1, "shm: error: /dev/shm has "),
         "shm check": (
-            [sys.executable, "-m", "triton_embed_server.shm", "check"]
+            [sys.executable, "-m", "triton_embed_server.host.shm", "check"]
             + ["--model-repository", str(huge_repository)],
             1,
             "shm: error: /dev/shm has ",

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from triton_embed_server.launcher import TritonServer
+from triton_embed_server.run.launcher import TritonServer
 
 from tests.tiny_models import tiny_repository
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import psutil
 import pytest
 import tritonclient.grpc as grpcclient
-from triton_embed_server import shm
-from triton_embed_server.launcher import TritonServer
-from triton_embed_server.supervisor.shm_watch import RegionWatch
+from triton_embed_server.host import shm
+from triton_embed_server.run.launcher import TritonServer
+from triton_embed_server.run.supervisor.shm_watch import RegionWatch
 from tritonclient.utils import InferenceServerException
 
 from tests.helpers import MAX_LENGTH, infer_embed, text_input, tree_rss_mib

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from triton_embed_server.launcher import TritonServer, free_port
-from triton_embed_server.supervisor import EXIT_RESTARTS_EXHAUSTED, SHM_PREFIX
+from triton_embed_server.run.launcher import TritonServer, free_port
+from triton_embed_server.run.supervisor import EXIT_RESTARTS_EXHAUSTED, SHM_PREFIX
 
 from tests.tiny_models import tiny_repository
 
@@ -79,7 +79,7 @@ def _in_group(proc, pgid: int) -> bool:
 def test_supervisor_restarts_a_stalled_start_then_gives_up(tmp_path):
     """The first start too is restarted (a stall is no bad command line), within the budget."""
     repo = tiny_repository(tmp_path / "repo", {"stall": 1}, stall={"stall"})
-    command = [sys.executable, "-m", "triton_embed_server.supervisor", "--stall-timeout-s",
+    command = [sys.executable, "-m", "triton_embed_server.run.supervisor", "--stall-timeout-s",
                str(STALL_S), "--max-restarts", "1", "--restart-backoff-s", "0.5", "--",
                "--model-repository", str(repo)]  # fmt: skip
     for name in ("http", "grpc", "metrics"):

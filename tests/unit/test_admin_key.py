@@ -25,8 +25,8 @@ from triton_embed.admin import (
     read_admin_key,
 )
 from triton_embed.error_mapping import map_error
-from triton_embed_server import admin_key
-from triton_embed_server.admin_key import (
+from triton_embed_server.host import admin_key
+from triton_embed_server.host.admin_key import (
     HTTP_OPEN_APIS,
     HTTP_RESTRICTED_APIS,
     LOCAL_HTTP_ADDRESS,
@@ -208,8 +208,8 @@ def test_a_refused_call_is_access_denied_not_server_unavailable():
 
 
 def test_the_supervisor_sends_the_key_on_config_reads_and_reloads(monkeypatch):
-    from triton_embed_server import supervisor
-    from triton_embed_server.supervisor import server_api
+    from triton_embed_server.run import supervisor
+    from triton_embed_server.run.supervisor import server_api
 
     sent = []
 

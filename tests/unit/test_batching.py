@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from triton_embed_server.batching import flatten, split
+from triton_embed_server.steps.batching import flatten, split
 
 
 def test_flatten_keeps_order_and_counts():

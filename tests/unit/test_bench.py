@@ -14,7 +14,7 @@ import threading
 import numpy as np
 import pytest
 from google.protobuf import text_format
-from triton_embed_server.launcher import REPO_ROOT, TritonServer
+from triton_embed_server.run.launcher import REPO_ROOT, TritonServer
 from tritonclient.grpc import model_config_pb2
 
 from perf import bench, config_ablations, corpora, report

@@ -6,7 +6,7 @@ Kubernetes JSON schemas of two minor versions (``kubernetes-validate --strict``)
 resources (ServiceMonitor, PrometheusRule, ScaledObject) against the shape their operators
 read; and policy over the rendered YAML: Guaranteed QoS with whole CPUs in every container,
 probes on Triton's ports and paths, the memory-backed ``/dev/shm`` sized at least as
-``triton_embed_server.shm`` computes for the rendered repository, non-root containers without
+``triton_embed_server.host.shm`` computes for the rendered repository, non-root containers without
 privilege escalation, the admin key from a Secret, spread over nodes, HPA metrics that the
 prometheus-adapter rules produce from families the server exports, gateway objects exactly
 when enabled. The init step's script runs for real on the shipped model repository, and
@@ -29,8 +29,8 @@ from pathlib import Path
 import pytest
 import yaml
 from triton_embed.admin import check_key
-from triton_embed_server.instance_group import read_config_pbtxt
-from triton_embed_server.shm.sizing import MIB, model_config_path, plan_repository
+from triton_embed_server.host.shm.sizing import MIB, model_config_path, plan_repository
+from triton_embed_server.models.instance_group import read_config_pbtxt
 
 from tests.helpers import MODEL_PATH
 from tests.unit.chart_helpers import (
@@ -219,10 +219,10 @@ def test_triton_pod_resources_are_the_values(value_set):
 
 @pytest.mark.parametrize("value_set", SETS)
 def test_cpu_pods_engines_fit_the_pod_with_the_configs_kv_cache(value_set):
-    # The KV cache is each embedder config's kv_cache_bytes (triton_embed_server.kv_cache);
+    # The KV cache is each embedder config's kv_cache_bytes (triton_embed_server.steps.kv_cache);
     # VLLM_CPU_KVCACHE_SPACE would override it and the engine refuses to start with it set.
-    from triton_embed_server.node_memory import ENGINE_BASE_BYTES, weight_bytes
-    from triton_embed_server.repository import MODEL_REPOSITORY
+    from triton_embed_server.host.node_memory import ENGINE_BASE_BYTES, weight_bytes
+    from triton_embed_server.models.repository.copies import MODEL_REPOSITORY
 
     v = values(value_set)["triton"]
     spec = triton_pod(render(value_set))
@@ -294,7 +294,7 @@ def test_init_step_renders_instances_and_price_into_the_configs(value_set, tmp_p
     assert float(price) == pytest.approx(float(v["hourlyPriceUsd"]))
     assert {p: p.read_bytes() for p in source.rglob("*.pbtxt")} == before, "source written"
 
-    # /dev/shm: the computed sizeLimit is what triton_embed_server.shm needs for the rendered
+    # /dev/shm: the computed sizeLimit is what triton_embed_server.host.shm needs for the rendered
     # repository (every stub and one model's stubs again) plus the headroom value.
     plan = plan_repository(dest, config_name, gpus=v["gpusPerPod"] or None)
     (dshm,) = [vol for vol in spec["volumes"] if vol["name"] == "dshm"]

@@ -16,7 +16,7 @@ from triton_embed import EmbeddingClient
 from triton_embed.admin import ADMIN_KEY_ENV, GRPC_ADMIN_HEADER
 from triton_embed.cli import main
 from triton_embed.model_control import ModelControl
-from triton_embed_server.repository import MODEL_REPOSITORY
+from triton_embed_server.models.repository.copies import MODEL_REPOSITORY
 from tritonclient.utils import InferenceServerException
 
 from tests import fake_triton as fake_server

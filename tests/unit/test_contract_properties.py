@@ -7,14 +7,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from triton_embed.options import InvalidUtf8, RequestOptions, Truncation
-from triton_embed_server.config import TokenizerConfig
-from triton_embed_server.errors import (
+from triton_embed_server.steps.config import TokenizerConfig
+from triton_embed_server.steps.errors import (
     EmptyTextError,
     InvalidArgumentError,
     InvalidUtf8Error,
     TooLongError,
 )
-from triton_embed_server.tokenization import (
+from triton_embed_server.steps.tokenization import (
     TextRequest,
     TextTokenizer,
     Tokenized,

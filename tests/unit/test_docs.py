@@ -197,7 +197,7 @@ def test_catalogue_types_match_the_code():
 
 
 def test_label_values_are_documented():
-    from triton_embed_server.metrics import FAILURE_REASONS, NUMA_EVENTS
+    from triton_embed_server.steps.metrics import FAILURE_REASONS, NUMA_EVENTS
 
     documented = set(inline_code(split_fences(OPERATIONS.read_text())[0]))
     missing = [v for v in (*FAILURE_REASONS, *NUMA_EVENTS) if v not in documented]

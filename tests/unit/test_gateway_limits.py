@@ -28,7 +28,7 @@ from triton_embed_server.gateway.catalog import Catalog
 from triton_embed_server.gateway.errors import quote
 from triton_embed_server.gateway.metrics import GatewayMetrics
 from triton_embed_server.gateway.settings import DEFAULT_MAX_BODY_BYTES, GatewaySettings
-from triton_embed_server.launcher import free_port
+from triton_embed_server.run.launcher import free_port
 from tritonclient.utils import InferenceServerException
 
 from tests.unit.test_gateway_app import JSON_HEADERS, MODEL, FakeUpstreamPool, make_client, post

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 from google.protobuf import text_format
-from triton_embed_server.launcher import REPO_ROOT
-from triton_embed_server.model_files import resolve_model_path
+from triton_embed_server.models.model_files import resolve_model_path
+from triton_embed_server.run.launcher import REPO_ROOT
 from tritonclient.grpc import model_config_pb2
 
 from perf import gpu_sweep

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from triton_embed_server.config import EmbedderConfig
-from triton_embed_server.instance_group import InstanceCount, instance_count, read_config_pbtxt
+from triton_embed_server.models.instance_group import (
+    InstanceCount,
+    instance_count,
+    read_config_pbtxt,
+)
+from triton_embed_server.steps.config import EmbedderConfig
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 """The engines' KV-cache budget and the NUMA-node memory check before the server starts.
 
-The budget's arithmetic (:mod:`triton_embed_server.kv_cache`) is checked on hand-written
-``config.json`` files; the check (:mod:`triton_embed_server.node_memory`) on fake sysfs
+The budget's arithmetic (:mod:`triton_embed_server.steps.kv_cache`) is checked on hand-written
+``config.json`` files; the check (:mod:`triton_embed_server.host.node_memory`) on fake sysfs
 trees: a 16 GiB node of a 24 GiB machine and several engines on it.
 """
 
@@ -11,14 +11,15 @@ import json
 from pathlib import Path
 
 import pytest
-from triton_embed_server import kv_cache, node_memory
-from triton_embed_server.config import EmbedderConfig
-from triton_embed_server.node_memory import (
+from triton_embed_server.host import node_memory
+from triton_embed_server.host.node_memory import (
     ENGINE_BASE_BYTES,
     EngineNeed,
     NodeMemory,
     NodeMemoryError,
 )
+from triton_embed_server.steps import kv_cache
+from triton_embed_server.steps.config import EmbedderConfig
 
 from tests.helpers import MODEL_PATH
 
@@ -141,8 +142,8 @@ def test_an_explicit_budget_is_kept_and_one_below_a_full_sequence_is_refused(tmp
 
 
 def test_the_engine_refuses_the_legacy_variable_that_would_override_the_budget(monkeypatch):
-    from triton_embed_server.engine import PoolingEngine
-    from triton_embed_server.errors import EngineError
+    from triton_embed_server.steps.errors import EngineError
+    from triton_embed_server.steps.vllm_engine import PoolingEngine
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
     cfg = EmbedderConfig.from_model_config(embedder_config(MODEL_PATH))
@@ -204,7 +205,7 @@ def repository_of(root: Path, models: dict[str, tuple[Path, int]]) -> Path:
     for name, (model, count) in models.items():
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "1" / "model.py").write_text(
-            "from triton_embed_server.adapters.embedder import TritonPythonModel\n"
+            "from triton_embed_server.steps.adapters.embedder import TritonPythonModel\n"
         )
         (repo / name / "config.pbtxt").write_text(
             f'name: "{name}"\nbackend: "python"\nmax_batch_size: 8\n'
@@ -281,7 +282,7 @@ def test_gpu_engines_and_other_models_are_not_counted(tmp_path):
 
 
 def test_the_supervisor_refuses_to_start_engines_that_do_not_fit(tmp_path, monkeypatch, capsys):
-    from triton_embed_server.supervisor.command import main
+    from triton_embed_server.run.supervisor.command import main
 
     model = decoder_folder(tmp_path / "qwen")
     repo = repository_of(tmp_path, {"a_embedder": (model, 2)})
@@ -298,7 +299,7 @@ def test_the_supervisor_refuses_to_start_engines_that_do_not_fit(tmp_path, monke
 
 
 def test_the_shipped_repository_fits_this_host():
-    from triton_embed_server.repository import MODEL_REPOSITORY
+    from triton_embed_server.models.repository.copies import MODEL_REPOSITORY
 
     needs = node_memory.engine_needs([MODEL_REPOSITORY])
     assert [(n.model, n.kv_cache_bytes) for n in needs] == [("embedder", 0), ("embedder", 0)]

@@ -53,7 +53,9 @@ def test_importing_the_client_package_loads_no_server_module():
 def test_the_server_package_is_importable_in_the_probe():
     # The probe can see the server package, so an empty list above means "not imported",
     # not "not found".
-    assert "triton_embed_server.errors" in server_modules_after("import triton_embed_server.errors")
+    assert "triton_embed_server.steps.errors" in server_modules_after(
+        "import triton_embed_server.steps.errors"
+    )
 
 
 def test_building_the_cli_parser_loads_no_server_module():

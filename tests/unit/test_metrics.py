@@ -8,8 +8,8 @@ import shutil
 from types import SimpleNamespace
 
 import pytest
-from triton_embed_server.errors import EmptyTextError, EngineError
-from triton_embed_server.metrics import (
+from triton_embed_server.steps.errors import EmptyTextError, EngineError
+from triton_embed_server.steps.metrics import (
     FAILURE_REASONS,
     NUMA_EVENTS,
     SECONDS_BUCKETS,
@@ -157,7 +157,7 @@ def test_read_numastat_parses_the_kernel_file(tmp_path):
 
 
 def test_read_numastat_of_this_machine():
-    from triton_embed_server.metrics import NUMA_ROOT
+    from triton_embed_server.steps.metrics import NUMA_ROOT
 
     if not (NUMA_ROOT / "node0" / "numastat").exists():
         pytest.skip("this kernel exposes no NUMA statistics")

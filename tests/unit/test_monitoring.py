@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from triton_embed_server.launcher import REPO_ROOT
+from triton_embed_server.run.launcher import REPO_ROOT
 
 MONITORING = REPO_ROOT / "scripts" / "monitoring"
 RULES = MONITORING / "prometheus_rules.yml"

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from triton_embed_server.doctor import (
+from triton_embed_server.host.doctor import (
     CAPTURE_FILES,
     ChartValues,
     HostTopology,
@@ -40,7 +40,7 @@ from triton_embed_server.doctor import (
     plan_placement,
     render_chart_values,
 )
-from triton_embed_server.topology import TopologyParseError, parse_cpu_list
+from triton_embed_server.host.topology import TopologyParseError, parse_cpu_list
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 CHART = DATA.parents[1] / "deploy" / "helm" / "triton-embed"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from triton_embed_server import doctor, per_node, topology
-from triton_embed_server.launcher import REPO_ROOT
+from triton_embed_server.host import doctor, per_node, topology
+from triton_embed_server.run.launcher import REPO_ROOT
 
 CAPTURES = Path(__file__).resolve().parents[1] / "data" / "topology"
 
@@ -109,6 +109,6 @@ def test_missing_repository_is_a_one_line_error(tmp_path, capsys):
 
 
 def test_free_ports_are_below_the_ephemeral_range():
-    from triton_embed_server.launcher import free_port
+    from triton_embed_server.run.launcher import free_port
 
     assert all(20000 <= free_port() <= 32767 for _ in range(20))

@@ -16,8 +16,8 @@ def apply_in_child(placement: str, after: str = "") -> dict:
     """Run ``apply_placement(<placement>)`` in a child; returns the JSON it prints."""
     code = (
         "import json, os\n"
-        "from triton_embed_server.placement.apply import apply_placement\n"
-        "from triton_embed_server.placement.plan import InstancePlacement\n"
+        "from triton_embed_server.host.placement.apply import apply_placement\n"
+        "from triton_embed_server.host.placement.instance import InstancePlacement\n"
         f"p = apply_placement({placement})\n"
         f"{after}\n"
         "print(json.dumps({'bound': p.bound_memory, 'affinity': sorted(os.sched_getaffinity(0)),"

@@ -9,9 +9,8 @@ import os
 from pathlib import Path
 
 import pytest
-from triton_embed_server.config import EmbedderConfig
-from triton_embed_server.doctor import host_plan
-from triton_embed_server.placement.plan import (
+from triton_embed_server.host.doctor import host_plan
+from triton_embed_server.host.placement.instance import (
     InstancePlacement,
     PlacementError,
     decide_placement,
@@ -20,7 +19,8 @@ from triton_embed_server.placement.plan import (
     plan_entry,
     visible_gpu,
 )
-from triton_embed_server.placement.slicing import cpu_slice
+from triton_embed_server.host.placement.slicing import cpu_slice
+from triton_embed_server.steps.config import EmbedderConfig
 
 
 def embedder(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from triton_embed_server.placement.slicing import core_slice, cpu_slice
+from triton_embed_server.host.placement.slicing import core_slice, cpu_slice
 
 
 def test_cpu_slice_two_cpus_two_replicas():

@@ -27,7 +27,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from triton_embed_server.instance_group import read_config_pbtxt
+from triton_embed_server.models.instance_group import read_config_pbtxt
 
 from tests.unit.chart_helpers import (
     CHART,

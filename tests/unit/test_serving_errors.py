@@ -5,7 +5,7 @@ from __future__ import annotations
 import types
 
 import pytest
-from triton_embed_server.errors import (
+from triton_embed_server.steps.errors import (
     EmbedServingError,
     EmptyTextError,
     EngineError,
@@ -15,7 +15,7 @@ from triton_embed_server.errors import (
     TooLongError,
     to_triton_error,
 )
-from triton_embed_server.metrics import FAILURE_REASONS, failure_reason
+from triton_embed_server.steps.metrics import FAILURE_REASONS, failure_reason
 
 
 class FakeTritonError:

@@ -1,7 +1,7 @@
 """shm: the Python backend's shared-memory sizes from the configs, and the /dev/shm check.
 
 The expected numbers are worked out by hand from the config values, following the formula
-of :mod:`triton_embed_server.shm` (MiB = 1,048,576 bytes).
+of :mod:`triton_embed_server.host.shm` (MiB = 1,048,576 bytes).
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from triton_embed_server import doctor, per_node, shm, supervisor
-from triton_embed_server.launcher import REPO_ROOT, TritonServer
-from triton_embed_server.repository import copy_repository, edit_config
+from triton_embed_server.host import doctor, per_node, shm
+from triton_embed_server.models.repository.copies import copy_repository, edit_config
+from triton_embed_server.run import supervisor
+from triton_embed_server.run.launcher import REPO_ROOT, TritonServer
 
 SHIPPED = REPO_ROOT / "model_repository"
 MIB = 1_048_576

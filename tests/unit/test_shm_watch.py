@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from triton_embed_server.launcher import REPO_ROOT
-from triton_embed_server.shm.sizing import MIB
-from triton_embed_server.supervisor.shm_watch import Oversize, RegionWatch
+from triton_embed_server.host.shm.sizing import MIB
+from triton_embed_server.run.launcher import REPO_ROOT
+from triton_embed_server.run.supervisor.shm_watch import Oversize, RegionWatch
 
 
 class Clock:
@@ -80,7 +80,7 @@ def test_the_largest_region_of_a_model_is_named_and_gone_regions_are_skipped(tmp
 
 
 def test_the_command_line_turns_the_watch_on_and_it_is_off_by_default(monkeypatch):
-    from triton_embed_server.supervisor import command, core
+    from triton_embed_server.run.supervisor import command, core
 
     seen = []
     monkeypatch.setattr(core.Supervisor, "run", lambda self: seen.append(self.shm_watch) or 0)

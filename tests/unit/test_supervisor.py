@@ -10,8 +10,8 @@ import time
 
 import psutil
 import pytest
-from triton_embed_server.launcher import free_port
-from triton_embed_server.supervisor import (
+from triton_embed_server.run.launcher import free_port
+from triton_embed_server.run.supervisor import (
     EXIT_RESTARTS_EXHAUSTED,
     RestartPolicy,
     busy_ports,
@@ -29,7 +29,7 @@ from triton_embed_server.supervisor import (
     stub_parent_pid,
     stub_shm_region,
 )
-from triton_embed_server.supervisor.startup import StartWatch
+from triton_embed_server.run.supervisor.startup import StartWatch
 
 
 def test_stub_model_name_reads_the_model_folder():
@@ -261,7 +261,7 @@ def supervise(fake, log, *own, env=None):
     cmd = [
         sys.executable,
         "-m",
-        "triton_embed_server.supervisor",
+        "triton_embed_server.run.supervisor",
         *("--tritonserver", str(fake), "--poll-s", "0.2", *own),
         "--",
         *("--http-address", "127.0.0.1", "--http-port", str(ports[0])),

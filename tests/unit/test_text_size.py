@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 from triton_embed.options import RequestOptions, Truncation
-from triton_embed_server.config import TokenizerConfig
-from triton_embed_server.errors import TextTooLargeError, TooLongError, to_triton_error
-from triton_embed_server.tokenization import (
+from triton_embed_server.steps.config import TokenizerConfig
+from triton_embed_server.steps.errors import TextTooLargeError, TooLongError, to_triton_error
+from triton_embed_server.steps.tokenization import (
     TextRequest,
     TextTokenizer,
     Tokenized,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import struct
 
 import pytest
-from triton_embed_server.errors import InvalidTokenIdsError, TooMuchWorkError
-from triton_embed_server.token_ids import decode_request_token_ids, validate_token_ids
+from triton_embed_server.steps.errors import InvalidTokenIdsError, TooMuchWorkError
+from triton_embed_server.steps.token_ids import decode_request_token_ids, validate_token_ids
 
 VOCAB = 30522
 

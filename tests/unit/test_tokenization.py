@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 from triton_embed.options import RequestOptions, Truncation
-from triton_embed_server.config import TokenizerConfig
-from triton_embed_server.errors import (
+from triton_embed_server.steps.config import TokenizerConfig
+from triton_embed_server.steps.errors import (
     EmbedServingError,
     EmptyTextError,
     InvalidArgumentError,
@@ -16,7 +16,7 @@ from triton_embed_server.errors import (
     TooLongError,
     TooMuchWorkError,
 )
-from triton_embed_server.tokenization import (
+from triton_embed_server.steps.tokenization import (
     TextRequest,
     TextTokenizer,
     Tokenized,

@@ -11,9 +11,9 @@ import shutil
 
 import pytest
 from triton_embed.options import RequestOptions, Truncation
-from triton_embed_server.config import TokenizerConfig
-from triton_embed_server.errors import InvalidArgumentError, TooLongError
-from triton_embed_server.tokenization import TextRequest, TextTokenizer
+from triton_embed_server.steps.config import TokenizerConfig
+from triton_embed_server.steps.errors import InvalidArgumentError, TooLongError
+from triton_embed_server.steps.tokenization import TextRequest, TextTokenizer
 
 from tests.helpers import MODEL_PATH
 

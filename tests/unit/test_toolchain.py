@@ -1,6 +1,6 @@
 import os
 
-from triton_embed_server.toolchain import _write_exec
+from triton_embed_server.host.toolchain import _write_exec
 
 
 def test_write_exec_leaves_an_identical_file_and_replaces_a_changed_one(tmp_path):

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from triton_embed_server.model_spec import Pooling
-from triton_embed_server.vectors import cut_dimensions, l2_normalize, pool_tokens, text_vectors
+from triton_embed_server.models.model_spec import Pooling
+from triton_embed_server.steps.vectors import (
+    cut_dimensions,
+    l2_normalize,
+    pool_tokens,
+    text_vectors,
+)
 
 RNG = np.random.default_rng(0)
 

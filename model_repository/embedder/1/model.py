@@ -1,6 +1,6 @@
 """Triton Python-backend entry point of the embedder step (from `triton-embed repository add`).
 
-The adapter lives in the installed package (triton_embed_server.adapters.embedder); this file
+The adapter lives in the installed package (triton_embed_server.steps.adapters.embedder); this file
 only sets the locale first: the stub's embedded interpreter starts with an ASCII locale and
 torch/transformers read UTF-8 files at import time (docs/troubleshooting.md).
 """
@@ -9,6 +9,6 @@ import locale
 
 locale.setlocale(locale.LC_ALL, "C.UTF-8")
 
-from triton_embed_server.adapters.embedder import TritonPythonModel  # noqa: E402
+from triton_embed_server.steps.adapters.embedder import TritonPythonModel  # noqa: E402
 
 __all__ = ["TritonPythonModel"]

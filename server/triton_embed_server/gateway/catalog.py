@@ -32,7 +32,7 @@ from typing import Any
 
 from triton_embed.options import Truncation
 
-from triton_embed_server.config import REQUEST_TEXTS, request_token_budget
+from triton_embed_server.steps.config import REQUEST_TEXTS, request_token_budget
 
 log = logging.getLogger("triton_embed.gateway")
 
@@ -87,7 +87,7 @@ def folder_facts(embedder_config: Mapping[str, Any]) -> FolderFacts:
     """Pooling and normalization of an embedder step, from its config or its model folder.
 
     The config's ``pooling`` / ``normalize`` parameters win; empty ones are read from the
-    folder named by ``model_path`` (:func:`triton_embed_server.model_spec.read_model_spec`)
+    folder named by ``model_path`` (:func:`triton_embed_server.models.model_spec.read_model_spec`)
     when that is an absolute path or ``pkg://`` and readable here. A relative path is
     relative to the server's model repository, which the gateway does not know. Never
     raises: what cannot be read stays ``None``.
@@ -101,8 +101,8 @@ def folder_facts(embedder_config: Mapping[str, Any]) -> FolderFacts:
     if not (model_path.startswith("pkg://") or Path(model_path).is_absolute()):
         return FolderFacts(pooling, normalize)
     try:
-        from triton_embed_server.model_files import resolve_model_path
-        from triton_embed_server.model_spec import read_model_spec
+        from triton_embed_server.models.model_files import resolve_model_path
+        from triton_embed_server.models.model_spec import read_model_spec
 
         spec = read_model_spec(
             resolve_model_path(model_path),
@@ -141,7 +141,7 @@ class ModelInfo:
             ``truncation=CHUNK``).
         max_request_tokens: the tokenizer step's token budget per request (its
             ``max_request_tokens`` parameter, or the default of
-            :func:`triton_embed_server.config.request_token_budget`), or ``None`` when the
+            :func:`triton_embed_server.steps.config.request_token_budget`), or ``None`` when the
             config does not give ``max_length``.
     """
 

@@ -16,11 +16,11 @@ from pathlib import Path
 
 from triton_embed.admin import read_admin_key, read_key_file
 
-from triton_embed_server.config import CHARS_PER_TOKEN_CAP
 from triton_embed_server.gateway.addresses import Target, parse_upstreams
 from triton_embed_server.gateway.auth import load_api_key
 from triton_embed_server.gateway.inference import MAX_INPUTS
 from triton_embed_server.gateway.protocol import DEFAULT_HEADER_TIMEOUT_S
+from triton_embed_server.steps.config import CHARS_PER_TOKEN_CAP
 
 #: The shipped model's token budget per text (``model_repository/embed``: ``max_length``).
 SHIPPED_MAX_LENGTH = 256

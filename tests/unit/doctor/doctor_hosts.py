@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from triton_embed_server.doctor import (
+from triton_embed_server.host.doctor import (
     CAPTURE_FILES,
     COMMANDS,
     CommandOutput,
@@ -18,7 +18,7 @@ from triton_embed_server.doctor import (
     gather_host,
     run_command,
 )
-from triton_embed_server.topology import parse_lscpu, parse_numactl, parse_topo_matrix
+from triton_embed_server.host.topology import parse_lscpu, parse_numactl, parse_topo_matrix
 
 CAPTURES = Path(__file__).resolve().parents[2] / "data" / "topology"
 H200_CAPTURES = CAPTURES.parent / "topology_h200"

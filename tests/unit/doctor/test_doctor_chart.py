@@ -16,7 +16,7 @@ from doctor_hosts import (
     write_capture,
 )
 from triton_embed.cli import main
-from triton_embed_server.doctor import (
+from triton_embed_server.host.doctor import (
     HostGpu,
     build_host,
     chart_values,
@@ -24,7 +24,7 @@ from triton_embed_server.doctor import (
     plan_placement,
     render_chart_values,
 )
-from triton_embed_server.topology import parse_topo_matrix
+from triton_embed_server.host.topology import parse_topo_matrix
 
 CHART_KEYS = {
     "triton": {"replicas", "resources", "gpusPerPod", "instancesPerGpu", "hourlyPriceUsd"},

@@ -9,7 +9,7 @@ import shutil
 import pytest
 from doctor_hosts import H200_CAPTURES, asus_host, runpod_host, write_capture
 from triton_embed.cli import main
-from triton_embed_server.doctor import CAPTURE_FILES, gather_host, plan_placement
+from triton_embed_server.host.doctor import CAPTURE_FILES, gather_host, plan_placement
 
 
 def test_gather_from_dir_runpod_cores_and_report(tmp_path, capsys):

@@ -18,7 +18,7 @@ from doctor_hosts import (
     span,
     write_capture,
 )
-from triton_embed_server.doctor import (
+from triton_embed_server.host.doctor import (
     COMMANDS,
     SYSFS_SIBLINGS,
     CommandOutput,
@@ -27,7 +27,7 @@ from triton_embed_server.doctor import (
     render_report,
     run_command,
 )
-from triton_embed_server.topology import TopologyParseError
+from triton_embed_server.host.topology import TopologyParseError
 
 
 def test_gather_without_nvidia_smi_or_numactl_falls_back_to_sysfs(tmp_path, node_sysfs):

@@ -7,8 +7,8 @@ import re
 
 import pytest
 from doctor_hosts import asus_host, capture, h200_host, instances, numactl_text, runpod_host, span
-from triton_embed_server.doctor import SYSFS_SIBLINGS, build_host, plan_placement
-from triton_embed_server.topology import (
+from triton_embed_server.host.doctor import SYSFS_SIBLINGS, build_host, plan_placement
+from triton_embed_server.host.topology import (
     TopologyParseError,
     parse_lscpu,
     parse_numactl,

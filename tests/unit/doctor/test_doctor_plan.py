@@ -16,9 +16,14 @@ from doctor_hosts import (
     runpod_host,
     span,
 )
-from triton_embed_server.doctor import build_host, gather_host, plan_placement, render_report
-from triton_embed_server.placement.slicing import cpu_slice
-from triton_embed_server.topology import parse_lscpu, parse_numactl, parse_p2p, parse_topo_matrix
+from triton_embed_server.host.doctor import build_host, gather_host, plan_placement, render_report
+from triton_embed_server.host.placement.slicing import cpu_slice
+from triton_embed_server.host.topology import (
+    parse_lscpu,
+    parse_numactl,
+    parse_p2p,
+    parse_topo_matrix,
+)
 
 
 def test_asus_plan_four_instances_per_gpu():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from doctor_hosts import capture, fake_runner
 from triton_embed.cli import main
-from triton_embed_server.doctor import (
+from triton_embed_server.host.doctor import (
     COMMANDS,
     CommandOutput,
     HostGpu,
@@ -17,15 +17,15 @@ from triton_embed_server.doctor import (
     judge_alignment,
     render_pod_check,
 )
-from triton_embed_server.doctor import command as doctor_command
-from triton_embed_server.doctor.pod import (
+from triton_embed_server.host.doctor import command as doctor_command
+from triton_embed_server.host.doctor.pod import (
     GUARANTEED_FIX,
     KUBELET_FIX,
     MEMORY_FIX,
     read_container_cpus,
     read_memory_nodes,
 )
-from triton_embed_server.topology import TopologyParseError
+from triton_embed_server.host.topology import TopologyParseError
 
 # The ASUS host of topo_m_06: node 0 = CPUs 0-31 with GPU0, GPU1; node 1 = 32-63, GPU2, GPU3
 ASUS_NODES = {0: "0-31", 1: "32-63"}

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from doctor_hosts import asus_host, capture, h200_host
-from triton_embed_server.doctor import build_host, plan_placement, render_report
-from triton_embed_server.topology import parse_p2p, parse_topo_matrix
+from triton_embed_server.host.doctor import build_host, plan_placement, render_report
+from triton_embed_server.host.topology import parse_p2p, parse_topo_matrix
 
 
 def test_report_without_smt_says_one_thread_per_core():

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from triton_embed_server.topology import (
+from triton_embed_server.host.topology import (
     TopologyParseError,
     parse_lscpu,
     parse_numactl,

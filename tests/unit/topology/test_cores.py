@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from triton_embed_server.topology.cores import core_groups, infer_siblings
-from triton_embed_server.topology.lscpu import parse_lscpu
-from triton_embed_server.topology.numactl import parse_numactl
+from triton_embed_server.host.topology.cores import core_groups, infer_siblings
+from triton_embed_server.host.topology.lscpu import parse_lscpu
+from triton_embed_server.host.topology.numactl import parse_numactl
 
 
 def test_core_groups_partition_and_cut():

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from triton_embed_server.topology.cpulist import (
+from triton_embed_server.host.topology.cpulist import (
     cpu_ranges_of,
     format_cpu_list,
     parse_cpu_list,
     parse_cpu_ranges,
 )
-from triton_embed_server.topology.errors import TopologyParseError
+from triton_embed_server.host.topology.errors import TopologyParseError
 
 
 def test_parse_cpu_list():

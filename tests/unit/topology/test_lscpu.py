@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from triton_embed_server.topology.errors import TopologyParseError
-from triton_embed_server.topology.lscpu import parse_lscpu
+from triton_embed_server.host.topology.errors import TopologyParseError
+from triton_embed_server.host.topology.lscpu import parse_lscpu
 
 
 def test_lscpu_fields_one_by_one(lscpu_name, capture, expected):

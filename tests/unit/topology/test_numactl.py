@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from triton_embed_server.topology.cpulist import cpu_ranges_of
-from triton_embed_server.topology.errors import TopologyParseError
-from triton_embed_server.topology.numactl import parse_numactl
+from triton_embed_server.host.topology.cpulist import cpu_ranges_of
+from triton_embed_server.host.topology.errors import TopologyParseError
+from triton_embed_server.host.topology.numactl import parse_numactl
 
 
 def test_numactl_fields_one_by_one(numactl_name, capture, expected):

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from triton_embed_server.topology.errors import TopologyParseError
-from triton_embed_server.topology.nvidia_smi_p2p import parse_p2p
+from triton_embed_server.host.topology.errors import TopologyParseError
+from triton_embed_server.host.topology.nvidia_smi_p2p import parse_p2p
 
 
 def test_p2p_fields_one_by_one(p2p_name, capture, expected):

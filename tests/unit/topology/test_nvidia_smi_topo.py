@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from triton_embed_server.topology.errors import TopologyParseError
-from triton_embed_server.topology.nvidia_smi_topo import parse_topo_matrix
+from triton_embed_server.host.topology.errors import TopologyParseError
+from triton_embed_server.host.topology.nvidia_smi_topo import parse_topo_matrix
 
 
 def test_topo_fields_one_by_one(topo_m_name, capture, expected):

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from triton_embed_server.topology.errors import TopologyParseError
-from triton_embed_server.topology.sysfs import read_sysfs_cpu_siblings, read_sysfs_nodes
+from triton_embed_server.host.topology.errors import TopologyParseError
+from triton_embed_server.host.topology.sysfs import read_sysfs_cpu_siblings, read_sysfs_nodes
 
 
 def make_node_sysfs(

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from triton_embed_server.topology import (
+from triton_embed_server.host.topology import (
     core_groups,
     parse_cpu_list,
     parse_lscpu,

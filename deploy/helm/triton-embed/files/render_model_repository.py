@@ -16,11 +16,12 @@ model has it, else ``config.pbtxt``):
   pod on a ``KIND_CPU`` one);
 * the ``hourly_price_usd`` parameter: ``--hourly-price-usd``.
 
-The copy is made by :func:`triton_embed_server.repository.copy_repository` (which
+The copy is made by :func:`triton_embed_server.models.repository.copies.copy_repository` (which
 precompiles every ``model.py``) and edited with
-:func:`triton_embed_server.repository.edit_config`; the source is never written. A ``--dest``
+:func:`triton_embed_server.models.repository.copies.edit_config`; the source is never written. A
+``--dest``
 left by an earlier run of the pod is replaced. The shared-memory needs of the result
-(:mod:`triton_embed_server.shm`) are printed for the pod's log.
+(:mod:`triton_embed_server.host.shm`) are printed for the pod's log.
 
 Exit codes: 0 done; 2 bad arguments, or an embedder whose config does not fit the pod (a
 ``KIND_CPU`` config in a GPU pod or the reverse), a repository without any embedder of ours,
@@ -35,17 +36,17 @@ import shutil
 import sys
 from pathlib import Path
 
-from triton_embed_server.instance_group import read_config_pbtxt
-from triton_embed_server.repository import copy_repository, edit_config
-from triton_embed_server.repository_gen.layout import ensembles, step_kind
-from triton_embed_server.shm.sizing import model_config_path, plan_repository
+from triton_embed_server.host.shm.sizing import model_config_path, plan_repository
+from triton_embed_server.models.instance_group import read_config_pbtxt
+from triton_embed_server.models.repository.copies import copy_repository, edit_config
+from triton_embed_server.models.repository.layout import ensembles, step_kind
 
 
 def embedder_steps(repository: Path) -> list[str]:
     """The embedder steps of this project's ensembles in ``repository``, by name.
 
     An embedder is a step folder whose ``1/model.py`` imports this project's embedder adapter
-    (:func:`triton_embed_server.repository_gen.layout.step_kind`).
+    (:func:`triton_embed_server.models.repository.layout.step_kind`).
     """
     steps = {s for members in ensembles(repository).values() for s in members}
     return sorted(s for s in steps if step_kind(repository / s) == "embedder")
@@ -84,7 +85,7 @@ def render(
     if not steps:
         raise ValueError(
             f"{source}: no embedding model of triton-embed (an ensemble whose steps import "
-            "triton_embed_server.adapters); write one with `triton-embed repository add`"
+            "triton_embed_server.steps.adapters); write one with `triton-embed repository add`"
         )
     want = "KIND_GPU" if gpus > 0 else "KIND_CPU"
     edited = []

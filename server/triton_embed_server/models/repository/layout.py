@@ -1,0 +1,74 @@
+"""Which folders of a model repository are the models of an embedding model of ours.
+
+An ensemble is ours when its two steps are a tokenizer and an embedder whose ``1/model.py``
+imports this package's adapter (``from triton_embed_server.steps.adapters.<step> import
+TritonPythonModel``, as the template writes it). Configs are read with
+:func:`~triton_embed_server.models.instance_group.read_config_pbtxt` (protobuf text format).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from triton_embed_server.models.instance_group import read_config_pbtxt
+from triton_embed_server.models.repository.names import STEPS, RepositoryError
+
+#: Prefix of the temporary folders that ``add`` and ``remove`` make inside a repository.
+TEMP_PREFIX = ".triton-embed-"
+# The line of a step's model.py that makes it one of ours, and which step it is.
+_ADAPTER_IMPORT = re.compile(
+    r"^from triton_embed_server\.steps\.adapters\.(tokenizer|embedder) "
+    r"import TritonPythonModel\b",
+    re.M,
+)
+
+
+def ensembles(repository: Path) -> dict[str, list[str]]:
+    """``{ensemble: its step model names}`` of every readable ensemble config, by name."""
+    out = {}
+    for config in sorted(Path(repository).glob("*/config.pbtxt")):
+        if config.parent.name.startswith("."):
+            continue
+        try:
+            parsed = read_config_pbtxt(config)
+        except (OSError, ValueError):
+            continue
+        if parsed.get("platform") == "ensemble":
+            steps = (parsed.get("ensemble_scheduling") or {}).get("step") or []
+            out[config.parent.name] = [str(s.get("model_name", "")) for s in steps]
+    return out
+
+
+def step_users(repository: Path) -> dict[str, set[str]]:
+    """``{step model: the ensembles that use it}``."""
+    users: dict[str, set[str]] = {}
+    for ensemble, steps in ensembles(repository).items():
+        for step in steps:
+            users.setdefault(step, set()).add(ensemble)
+    return users
+
+
+def step_kind(folder: Path) -> str | None:
+    """``tokenizer`` or ``embedder`` if ``folder/1/model.py`` is one of our adapters."""
+    try:
+        found = _ADAPTER_IMPORT.search((folder / "1" / "model.py").read_text("utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return None
+    return found.group(1) if found else None
+
+
+def our_steps(repository: Path, name: str, steps: list[str]) -> tuple[str, str]:
+    """(tokenizer, embedder) of the ensemble ``name`` whose steps are ``steps``.
+
+    Raises:
+        RepositoryError: the steps are not one tokenizer and one embedder of this project.
+    """
+    kinds = {step_kind(repository / step): step for step in steps}
+    if len(steps) != 2 or set(kinds) != set(STEPS):
+        raise RepositoryError(
+            f"{repository / name} is not an embedding model of triton-embed: its steps "
+            f"({', '.join(steps) or 'none'}) are not a tokenizer and an embedder whose "
+            "1/model.py imports triton_embed_server.steps.adapters"
+        )
+    return kinds["tokenizer"], kinds["embedder"]

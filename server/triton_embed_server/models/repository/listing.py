@@ -1,0 +1,152 @@
+"""``repository list``: the embedding models of a repository and what their folders say."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from triton_embed_server.models.instance_group import instance_count, read_config_pbtxt
+from triton_embed_server.models.model_files import resolve_model_path
+from triton_embed_server.models.model_spec import read_model_spec
+from triton_embed_server.models.repository.layout import ensembles, our_steps
+from triton_embed_server.models.repository.names import RepositoryError, step_names
+from triton_embed_server.steps.config import model_parameters
+
+
+@dataclass(frozen=True)
+class ListedModel:
+    """One embedding model of a repository, as ``repository list`` shows it.
+
+    Attributes:
+        name: the ensemble.
+        steps: its step models, tokenizer first when known.
+        model_path: the ``model_path`` parameter as written (``None`` when unreadable).
+        device: ``cpu`` or ``gpu``: the kind of the embedder's ``instance_group``.
+        instances: embedder instances (per GPU on ``gpu``).
+        max_length: the token budget per text in effect (the model's own when configured 0).
+        spec: :meth:`~triton_embed_server.models.model_spec.ModelSpec.describe` of the folder, plus
+            ``allowed_dimensions`` (in words).
+        error: why the model cannot be served as it stands, or ``None``.
+    """
+
+    name: str
+    steps: tuple[str, ...]
+    model_path: str | None = None
+    device: str | None = None
+    instances: int | None = None
+    max_length: int | None = None
+    spec: dict[str, Any] | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (``repository list --json``)."""
+        out = asdict(self)
+        out["steps"] = list(self.steps)
+        return out
+
+
+def list_models(repository: Path) -> list[ListedModel]:
+    """The embedding models of ``repository``, by name.
+
+    An ensemble is listed when its steps are our tokenizer and embedder, or when it has the
+    step names ``repository add`` gives but they are missing or broken (then with its error).
+    A model whose folder cannot be served is listed with the error, not raised.
+
+    Raises:
+        RepositoryError: ``repository`` is not a folder.
+    """
+    repository = Path(repository)
+    if not repository.is_dir():
+        raise RepositoryError(f"--repository {repository}: no such folder")
+    out = []
+    for name, steps in ensembles(repository).items():
+        try:
+            tokenizer, embedder = our_steps(repository, name, steps)
+        except RepositoryError as exc:
+            if tuple(steps) == step_names(name):
+                out.append(ListedModel(name=name, steps=tuple(steps), error=str(exc)))
+            continue
+        out.append(_describe(repository, name, tokenizer, embedder))
+    return out
+
+
+def _describe(repository: Path, name: str, tokenizer: str, embedder: str) -> ListedModel:
+    listed = ListedModel(name=name, steps=(tokenizer, embedder))
+    try:
+        tok = read_config_pbtxt(repository / tokenizer / "config.pbtxt")
+        emb = read_config_pbtxt(repository / embedder / "config.pbtxt")
+    except (OSError, ValueError) as exc:
+        return _with(listed, error=str(exc))
+    tok_params, params = model_parameters(tok), model_parameters(emb)
+    kind = str((emb.get("instance_group") or [{}])[0].get("kind", "KIND_AUTO"))
+    listed = _with(
+        listed,
+        model_path=params.get("model_path", ""),
+        device=kind.removeprefix("KIND_").lower(),
+        instances=instance_count(emb).per_device,
+    )
+    for key in ("model_path", "max_length"):
+        if tok_params.get(key, "") != params.get(key, ""):
+            return _with(
+                listed,
+                error=f"the steps' {key} parameters differ ({tokenizer}: "
+                f"{tok_params.get(key, '')!r}, {embedder}: {params.get(key, '')!r}); "
+                "they must be equal",
+            )
+    try:
+        folder = resolve_model_path(params.get("model_path", ""), repository)
+        spec = read_model_spec(
+            folder,
+            pooling=params.get("pooling", ""),
+            normalize=params.get("normalize", ""),
+            dimensions=params.get("dimensions", ""),
+        )
+        max_length = int(params.get("max_length") or 0) or spec.max_length
+    except (OSError, ValueError) as exc:
+        return _with(listed, error=str(exc))
+    described = {**spec.describe(), "allowed_dimensions": spec.allowed_dimensions()}
+    return _with(listed, max_length=max_length, spec=described)
+
+
+def _with(listed: ListedModel, **changes: Any) -> ListedModel:
+    return ListedModel(**{**asdict(listed), **changes})
+
+
+def format_table(models: list[ListedModel]) -> str:
+    """``repository list`` as a text table, one model per line (an error replaces columns)."""
+    header = ("NAME", "DEVICE", "INSTANCES", "DIM", "POOLING", "NORMALIZE", "DIMENSIONS")
+    header += ("MAX_LENGTH", "PROMPTS", "STEPS", "MODEL_PATH")
+    rows = []
+    for m in models:
+        steps = ",".join(m.steps)
+        if m.error is not None or m.spec is None:
+            rows.append((m.name, f"error: {m.error}"))
+            continue
+        s = m.spec
+        dims = s["dimensions"]
+        allowed = "any" if dims == "any" else ",".join(map(str, sorted({*dims, s["dimension"]})))
+        rows.append(
+            (
+                m.name,
+                str(m.device),
+                str(m.instances),
+                str(s["dimension"]),
+                s["pooling"],
+                str(s["normalize"]).lower(),
+                allowed,
+                str(m.max_length),
+                ",".join(s["prompts"]) or "-",
+                steps,
+                str(m.model_path),
+            )
+        )
+    full = [r for r in [header, *rows] if len(r) == len(header)]
+    widths = [max(len(r[i]) for r in full) for i in range(len(header))]
+    lines = []
+    for row in [header, *rows]:
+        if len(row) != len(header):
+            lines.append(f"{row[0]:<{widths[0]}}  {row[1]}")
+        else:
+            lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return "\n".join(lines)

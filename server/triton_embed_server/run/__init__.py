@@ -1,0 +1,4 @@
+"""Starting and keeping a tritonserver.
+
+The launcher and the supervisor.
+"""

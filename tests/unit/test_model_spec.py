@@ -7,13 +7,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from triton_embed_server.models.model_spec import (
-    ModelFolderError,
-    Pooling,
-    PromptSpec,
-    read_model_spec,
-    read_prompt_spec,
-)
+from triton_embed_server.models.model_spec import read_model_spec, read_prompt_spec
+from triton_embed_server.models.spec import Dimensions, ModelFolderError, Pooling, PromptSpec
 
 from tests.helpers import MODEL_PATH
 
@@ -42,7 +37,7 @@ def test_the_shipped_model_is_mean_pooled_normalized_384(folder):
         256,
     )
     assert spec.prompting == PromptSpec({}, None, True)
-    assert spec.matryoshka_dimensions is None and not spec.any_dimensions
+    assert spec.dimensions == Dimensions(384, (), False)
 
 
 @pytest.mark.parametrize(
@@ -100,7 +95,7 @@ def test_matryoshka_dimensions_from_config_json_and_overrides(folder):
     config = json.loads((folder / "config.json").read_text())
     write(folder / "config.json", {**config, "matryoshka_dimensions": [256, 64, 128]})
     spec = read_model_spec(folder)
-    assert spec.matryoshka_dimensions == (64, 128, 256)
+    assert spec.dimensions.matryoshka == (64, 128, 256)
     spec.check_dimensions(64)
     spec.check_dimensions(384)
     with pytest.raises(ValueError) as info:
@@ -109,13 +104,13 @@ def test_matryoshka_dimensions_from_config_json_and_overrides(folder):
         "request parameter dimensions=100 is not a dimension of this model; "
         "allowed: 64, 128, 256, 384"
     )
-    assert read_model_spec(folder, dimensions="32,16").matryoshka_dimensions == (16, 32)
+    assert read_model_spec(folder, dimensions="32,16").dimensions.matryoshka == (16, 32)
     anything = read_model_spec(folder, dimensions="any")
     anything.check_dimensions(1)
     with pytest.raises(ValueError, match="allowed: any value from 1 to 384"):
         anything.check_dimensions(385)
     write(folder / "config.json", {**config, "is_matryoshka": True})
-    assert read_model_spec(folder).any_dimensions is True
+    assert read_model_spec(folder).dimensions.any_length is True
 
 
 @pytest.mark.parametrize(

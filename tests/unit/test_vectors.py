@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from triton_embed_server.models.model_spec import Pooling
+from triton_embed_server.models.spec import Pooling
 from triton_embed_server.steps.vectors import (
     cut_dimensions,
     l2_normalize,

@@ -1,6 +1,8 @@
-"""What a model folder says about its embeddings: pooling, normalization, prompts, dimensions.
+"""The one reader of a model folder: what it says about its embeddings and its length.
 
-Read once, by both steps and by ``triton-embed repository add``.
+Read by ``triton-embed repository add`` (which writes the result into the embedder's config),
+by ``repository list``, by the tokenizer step (prompts, length) and by the embedder step only
+when its config leaves the spec empty (:mod:`triton_embed_server.models.spec`).
 
 The sources are the files sentence-transformers itself reads (its ``SentenceTransformer``
 loader, v2 to v5 formats):
@@ -13,67 +15,41 @@ loader, v2 to v5 formats):
   ``pooling_mode_lasttoken``; ``include_prompt`` (default true); ``word_embedding_dimension``.
 * ``config_sentence_transformers.json``: ``prompts`` (name -> text prepended to the input)
   and ``default_prompt_name``.
-* ``config.json``: the hidden size, and the Matryoshka dimensions where declared the way vLLM
-  reads them (``matryoshka_dimensions``; ``is_matryoshka: true`` alone allows any dimension).
+* ``config.json``: the hidden size (``hidden_size``, or ``d_model``, ``n_embd``, ``dim`` by
+  model family), the Matryoshka dimensions where declared the way vLLM reads them
+  (``matryoshka_dimensions``; ``is_matryoshka: true`` alone allows any dimension), and
+  ``max_position_embeddings``.
+* ``sentence_bert_config.json`` ``max_seq_length`` and ``tokenizer_config.json``
+  ``model_max_length``: the model's own token budget (:func:`model_max_length`).
 * ``tokenizer.json``: a fast tokenizer must be there (the tokenizer step needs it).
 
 A folder without ``modules.json`` (a plain Hugging Face folder) has no stated pooling: the
 operator gives it (``repository add --pooling``, the ``pooling`` model parameter), otherwise
 :class:`ModelFolderError` says so. Every error is one line naming the file and what is wrong.
+
+One error policy, :func:`read_json`: a file that must be there and is missing, or any file
+that is there but is not a JSON object, is a :class:`ModelFolderError` naming the file. The
+one tolerated case, kept as it always was: the two length hints (``sentence_bert_config.json``,
+``tokenizer_config.json``) are skipped when unreadable, and the next source of the length is
+used (:data:`HINT`).
 """
 
 from __future__ import annotations
 
 import enum
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from triton_embed.options import quote
-
-from triton_embed_server.models.model_files import model_max_length
-
-#: Dimensions option meaning "any value from 1 to the full dimension".
-ANY_DIMENSIONS = "any"
-
-
-class ModelFolderError(ValueError):
-    """A model folder lacks what serving it needs (one line: the file and what is missing)."""
-
-
-class Pooling(str, enum.Enum):
-    """How token vectors become one vector, in sentence-transformers' names.
-
-    ``mean``: the mean of the token vectors (BERT-family sentence encoders); ``cls``: the first
-    token's vector (bge, arctic-embed); ``lasttoken``: the last token's vector, the end-of-text
-    token the tokenizer appends (decoder embedders: Qwen3-Embedding, gte-Qwen2, e5-mistral).
-    """
-
-    MEAN = "mean"
-    CLS = "cls"
-    LASTTOKEN = "lasttoken"
-
-    @property
-    def vllm(self) -> str:
-        """VLLM's ``PoolerConfig.seq_pooling_type`` for this pooling."""
-        return {"mean": "MEAN", "cls": "CLS", "lasttoken": "LAST"}[self.value]
-
-    @classmethod
-    def parse(cls, value: str, what: str = "pooling") -> Pooling:
-        """Parse ``mean`` / ``cls`` / ``lasttoken`` (also ``last``, case-insensitive).
-
-        Raises:
-            ValueError: another value (names ``what`` and the allowed values).
-        """
-        text = str(value).strip().lower()
-        text = {"last": "lasttoken", "last_token": "lasttoken", "cls_token": "cls"}.get(text, text)
-        try:
-            return cls(text)
-        except ValueError:
-            allowed = ", ".join(m.value for m in cls)
-            raise ValueError(f"{what}={value!r} is not one of {allowed}") from None
-
+from triton_embed_server.models.spec import (
+    Dimensions,
+    ModelFolderError,
+    ModelSpec,
+    Pooling,
+    PromptSpec,
+    SpecParameters,
+    int_list,
+)
 
 # Legacy Pooling config flags (sentence-transformers < 5) and the pooling each selects.
 _LEGACY_FLAGS = {
@@ -88,108 +64,57 @@ _UNSUPPORTED_FLAGS = (
 )
 
 
-@dataclass(frozen=True)
-class PromptSpec:
-    """A model's instruction prompts: what the tokenizer step needs to know.
+class Need(enum.Enum):
+    """How :func:`read_json` treats a file that is missing or unreadable."""
 
-    Attributes:
-        prompts: prompt name -> text prepended to the input (may be empty strings).
-        default_prompt_name: the prompt applied when a request names none, or ``None``.
-        include_prompt: pool over the prompt's tokens too (sentence-transformers'
-            ``include_prompt``; false excludes the prompt from mean pooling).
+    #: Missing or unreadable: :class:`ModelFolderError`.
+    REQUIRED = "required"
+    #: Missing: ``{}``; there but unreadable: :class:`ModelFolderError`.
+    OPTIONAL = "optional"
+    #: Missing or unreadable: ``{}`` (the length hints only, as they always were).
+    HINT = "hint"
+
+
+#: The tolerated case of the error policy (see the module docstring).
+HINT = Need.HINT
+
+
+def read_json(path: Path, need: Need, kind: type = dict) -> Any:
+    """One JSON file of a model folder, by the one error policy of this module.
+
+    Args:
+        path: the file.
+        need: what a missing or unreadable file means (:class:`Need`).
+        kind: ``dict`` (a JSON object) or ``list`` (``modules.json``).
+
+    Returns:
+        The parsed value; ``kind()`` (empty) for a missing optional file or a skipped hint.
+
+    Raises:
+        ModelFolderError: the file is required and missing, or it is there and is not valid
+            JSON of ``kind`` (unless ``need`` is :data:`HINT`); the message names the file.
     """
-
-    prompts: dict[str, str] = field(default_factory=dict)
-    default_prompt_name: str | None = None
-    include_prompt: bool = True
-
-    def names(self) -> list[str]:
-        """The ``input_type`` values this model accepts (``document`` always)."""
-        return sorted({*self.prompts, "document"})
-
-    def prompt(self, input_type: str | None) -> str:
-        """The text prepended to an input of this ``input_type`` (``None``: the default).
-
-        Raises:
-            ValueError: a name the model has no prompt for (lists the names it has).
-        """
-        name = input_type if input_type is not None else self.default_prompt_name
-        if name is None:
-            return ""
-        if name in self.prompts:
-            return self.prompts[name]
-        if name == "document":  # a model without a document prompt embeds documents as is
-            return ""
-        raise ValueError(
-            f"request parameter input_type={quote(name)} is not a prompt of this model; "
-            f"its input types are {', '.join(self.names())}"
-        )
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """What one model folder's embeddings are.
-
-    Attributes:
-        path: the model folder.
-        pooling: how token vectors are pooled.
-        prompting: the prompts and whether pooling includes them.
-        normalize: the model ends with a ``Normalize`` module (L2 norm 1 vectors).
-        dimension: length of the full vector (float32 values).
-        max_length: the model's own token budget, special tokens included.
-        matryoshka_dimensions: the shorter dimensions the model was trained for (ascending),
-            ``None`` when it declares none.
-        any_dimensions: every dimension from 1 to ``dimension`` is allowed.
-    """
-
-    path: Path
-    pooling: Pooling
-    prompting: PromptSpec
-    normalize: bool
-    dimension: int
-    max_length: int
-    matryoshka_dimensions: tuple[int, ...] | None = None
-    any_dimensions: bool = False
-
-    def allowed_dimensions(self) -> str:
-        """The dimensions a request may ask for, in words (for error messages)."""
-        if self.any_dimensions:
-            return f"any value from 1 to {self.dimension}"
-        dims = sorted({*(self.matryoshka_dimensions or ()), self.dimension})
-        return ", ".join(str(d) for d in dims)
-
-    def check_dimensions(self, dimensions: int) -> None:
-        """Raise ``ValueError`` unless a request may cut vectors to ``dimensions`` values."""
-        ok = (
-            1 <= dimensions <= self.dimension
-            if self.any_dimensions
-            else dimensions == self.dimension or dimensions in (self.matryoshka_dimensions or ())
-        )
-        if not ok:
-            raise ValueError(
-                f"request parameter dimensions={quote(dimensions)} is not a dimension of this "
-                f"model; allowed: {self.allowed_dimensions()}"
-            )
-
-    def describe(self) -> dict[str, Any]:
-        """A JSON-ready summary (``repository list``, the gateway's model list)."""
-        return {
-            "model_path": str(self.path),
-            "pooling": self.pooling.value,
-            "include_prompt": self.prompting.include_prompt,
-            "normalize": self.normalize,
-            "dimension": self.dimension,
-            "max_length": self.max_length,
-            "prompts": sorted(self.prompting.prompts),
-            "default_prompt_name": self.prompting.default_prompt_name,
-            "dimensions": ANY_DIMENSIONS
-            if self.any_dimensions
-            else list(self.matryoshka_dimensions or ()),
-        }
+    if not path.is_file():
+        if need is Need.REQUIRED:
+            raise ModelFolderError(f"{path}: missing")
+        return kind()
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        if need is Need.HINT:
+            return kind()
+        raise ModelFolderError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(value, kind):
+        if need is Need.HINT:
+            return kind()
+        what = "a JSON object" if kind is dict else "a list of module objects"
+        raise ModelFolderError(f"{path}: expected {what}, got {type(value).__name__}")
+    return value
 
 
 def read_model_spec(
     path: Path,
+    given: SpecParameters | None = None,
     *,
     pooling: str = "",
     normalize: str = "",
@@ -199,10 +124,13 @@ def read_model_spec(
 
     Args:
         path: a local model folder (``config.json``, ``tokenizer.json``, weights).
-        pooling: ``""`` (the folder's ``Pooling`` module), or ``mean``/``cls``/``lasttoken``.
-        normalize: ``""`` (the folder: a ``Normalize`` module or not; ``true`` without
-            sentence-transformers files), ``true`` or ``false``.
-        dimensions: ``""`` (the folder's ``config.json``), :data:`ANY_DIMENSIONS`, or a
+        given: overrides already parsed (an embedder config's spec parameters); set fields
+            win over the folder.
+        pooling: text override: ``""`` (the folder's ``Pooling`` module), or
+            ``mean``/``cls``/``lasttoken``.
+        normalize: text override: ``""`` (the folder: a ``Normalize`` module or not; ``true``
+            without sentence-transformers files), ``true`` or ``false``.
+        dimensions: text override: ``""`` (the folder's ``config.json``), ``any``, or a
             comma-separated list of allowed shorter dimensions, e.g. ``"64,128,256"``.
 
     Raises:
@@ -210,41 +138,36 @@ def read_model_spec(
             or no pooling is stated anywhere (one line, naming the file).
         ValueError: an override is malformed (names the option).
     """
+    if given is None:
+        text = {"pooling": pooling, "normalize": normalize, "dimensions": dimensions}
+        given = SpecParameters.parse(text)
     path = Path(path)
-    config = _json(path / "config.json", required=True)
+    config = read_json(path / "config.json", Need.REQUIRED)
     if not (path / "tokenizer.json").is_file():
         raise ModelFolderError(
             f"{path / 'tokenizer.json'}: missing; the tokenizer step needs a fast (Rust) "
             "tokenizer file (save one with AutoTokenizer.from_pretrained(...).save_pretrained)"
         )
-    modules = _modules(path)
-    pooling_config: dict[str, Any] = {}
-    normalize_module = False
-    if modules is not None:
-        pooling_dir, normalize_module = _pipeline(path, modules)
-        pooling_config = _json(pooling_dir / "config.json", required=True)
-    if pooling:
-        chosen = Pooling.parse(pooling)
-    elif pooling_config:
-        chosen = _pooling_from_config(pooling_dir / "config.json", pooling_config)
+    pooling_file, pooling_config, normalize_module = _pooling_module(path)
+    if given.pooling is not None:
+        chosen = given.pooling
+    elif pooling_file is not None:
+        chosen = _pooling_from_config(pooling_file, pooling_config)
     else:
         raise ModelFolderError(
             f"{path / 'modules.json'}: missing, so the folder states no pooling; give one "
             "(repository add --pooling mean|cls|lasttoken, or the pooling model parameter)"
         )
-    norm = _flag(normalize, "normalize") if normalize else (normalize_module or modules is None)
-    dimension = _dimension(path, config, pooling_config)
-    matryoshka, any_dims = _matryoshka(path, config, dimension, dimensions)
-    return ModelSpec(
+    dimension = given.dimension or _dimension(path, config, pooling_config)
+    folder = ModelSpec(
         path=path,
         pooling=chosen,
         prompting=_prompting(path, pooling_config),
-        normalize=norm,
-        dimension=dimension,
-        max_length=model_max_length(path),
-        matryoshka_dimensions=matryoshka,
-        any_dimensions=any_dims,
+        normalize=normalize_module or pooling_file is None,
+        dimensions=_matryoshka(path, config, dimension),
+        max_length=given.model_max_length or model_max_length(path, config),
     )
+    return given.over(folder)
 
 
 def read_prompt_spec(path: Path) -> PromptSpec:
@@ -254,17 +177,63 @@ def read_prompt_spec(path: Path) -> PromptSpec:
         ModelFolderError: as :func:`read_model_spec`, for these files.
     """
     path = Path(path)
-    modules = _modules(path)
-    pooling_config: dict[str, Any] = {}
-    if modules is not None:
-        pooling_dir, _ = _pipeline(path, modules)
-        pooling_config = _json(pooling_dir / "config.json", required=True)
+    _, pooling_config, _ = _pooling_module(path)
     return _prompting(path, pooling_config)
+
+
+def model_max_length(path: Path, config: dict[str, Any] | None = None) -> int:
+    """The number of tokens (special tokens included) the model is meant to read.
+
+    Order of precedence, the same sentence-transformers uses: ``max_seq_length`` of
+    ``sentence_bert_config.json`` (256 for all-MiniLM-L6-v2), then the tokenizer's
+    ``model_max_length`` when it is a real value, then ``max_position_embeddings``.
+
+    Args:
+        path: the model folder.
+        config: its ``config.json``, when already read.
+
+    Raises:
+        ModelFolderError: none of the three is present, or ``config.json`` is unreadable.
+    """
+    st = read_json(path / "sentence_bert_config.json", HINT).get("max_seq_length")
+    if _positive(st):
+        return st
+    tok = read_json(path / "tokenizer_config.json", HINT).get("model_max_length")
+    if _positive(tok) and tok < 1_000_000:
+        return tok
+    if config is None:
+        config = read_json(path / "config.json", Need.REQUIRED)
+    pos = config.get("max_position_embeddings")
+    if _positive(pos):
+        return pos
+    raise ModelFolderError(
+        f"{path}: cannot tell the model's maximum length (no sentence_bert_config.json "
+        "max_seq_length, tokenizer model_max_length or max_position_embeddings); set the "
+        "max_length parameter"
+    )
+
+
+def embedding_dimension(path: Path) -> int:
+    """The full vector length the folder states, without the rest of the spec.
+
+    The Pooling module's ``word_embedding_dimension``, else the hidden size of
+    ``config.json`` (what :func:`read_model_spec` computes; for all-MiniLM-L6-v2, 384).
+
+    Raises:
+        ModelFolderError: neither is present, or a file is unreadable (names the file).
+    """
+    path = Path(path)
+    _, pooling_config, _ = _pooling_module(path)
+    return _dimension(path, read_json(path / "config.json", Need.REQUIRED), pooling_config)
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _prompting(path: Path, pooling_config: dict[str, Any]) -> PromptSpec:
     where = path / "config_sentence_transformers.json"
-    st_config = _json(where, required=False)
+    st_config = read_json(where, Need.OPTIONAL)
     prompts = st_config.get("prompts") or {}
     if not isinstance(prompts, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()
@@ -282,29 +251,25 @@ def _prompting(path: Path, pooling_config: dict[str, Any]) -> PromptSpec:
     )
 
 
-def _json(path: Path, required: bool) -> dict[str, Any]:
-    if not path.is_file():
-        if required:
-            raise ModelFolderError(f"{path}: missing")
-        return {}
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ModelFolderError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(value, dict):
-        raise ModelFolderError(f"{path}: expected a JSON object, got {type(value).__name__}")
-    return value
+def _pooling_module(path: Path) -> tuple[Path | None, dict[str, Any], bool]:
+    """(the Pooling module's config file, its content, a Normalize module follows).
+
+    ``(None, {}, False)`` for a folder without ``modules.json``.
+    """
+    modules = _modules(path)
+    if modules is None:
+        return None, {}, False
+    pooling_dir, normalize = _pipeline(path, modules)
+    file = pooling_dir / "config.json"
+    return file, read_json(file, Need.REQUIRED), normalize
 
 
 def _modules(path: Path) -> list[dict[str, Any]] | None:
     file = path / "modules.json"
     if not file.is_file():
         return None
-    try:
-        value = json.loads(file.read_text())
-    except (OSError, ValueError) as exc:
-        raise ModelFolderError(f"{file}: not valid JSON ({exc})") from None
-    if not isinstance(value, list) or not all(isinstance(m, dict) for m in value):
+    value = read_json(file, Need.REQUIRED, list)
+    if not all(isinstance(m, dict) for m in value):
         raise ModelFolderError(f"{file}: expected a list of module objects")
     return value
 
@@ -345,51 +310,33 @@ def _pooling_from_config(file: Path, config: dict[str, Any]) -> Pooling:
     return chosen[0]
 
 
+# config.json keys that hold the width of a transformer's hidden states, by model family
+# (BERT/RoBERTa/most: hidden_size; T5: d_model; GPT-2: n_embd; DistilBERT: dim).
+_HIDDEN_SIZE_KEYS = ("hidden_size", "d_model", "n_embd", "dim")
+
+
 def _dimension(path: Path, config: dict[str, Any], pooling_config: dict[str, Any]) -> int:
-    for value in (pooling_config.get("word_embedding_dimension"), config.get("hidden_size")):
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+    """The Pooling module's ``word_embedding_dimension``, else the hidden size."""
+    found = [pooling_config.get("word_embedding_dimension")]
+    found += [config.get(key) for key in _HIDDEN_SIZE_KEYS]
+    for value in found:
+        if _positive(value):
             return value
     raise ModelFolderError(
-        f"{path / 'config.json'}: no hidden_size (and no Pooling word_embedding_dimension)"
+        f"{path / 'config.json'}: no hidden_size (nor d_model, n_embd, dim; and no Pooling "
+        "word_embedding_dimension): cannot tell the embedding dimension"
     )
 
 
-def _matryoshka(
-    path: Path, config: dict[str, Any], dimension: int, option: str
-) -> tuple[tuple[int, ...] | None, bool]:
-    if option.strip().lower() == ANY_DIMENSIONS:
-        return None, True
-    if option.strip():
-        dims = _dimension_list(option.split(","), "dimensions", dimension)
-        return dims, False
+def _matryoshka(path: Path, config: dict[str, Any], dimension: int) -> Dimensions:
+    """The dimensions ``config.json`` declares (``matryoshka_dimensions``, ``is_matryoshka``)."""
     declared = config.get("matryoshka_dimensions")
     if declared is not None:
+        where = f"{path / 'config.json'}: matryoshka_dimensions"
         if not isinstance(declared, list):
-            raise ModelFolderError(f"{path / 'config.json'}: matryoshka_dimensions must be a list")
+            raise ModelFolderError(f"{where} must be a list")
         try:
-            return _dimension_list(declared, "matryoshka_dimensions", dimension), False
+            return Dimensions.of(dimension, int_list(declared, where), where)
         except ValueError as exc:
-            raise ModelFolderError(f"{path / 'config.json'}: {exc}") from None
-    return None, bool(config.get("is_matryoshka", False))
-
-
-def _dimension_list(values: list[Any], what: str, dimension: int) -> tuple[int, ...]:
-    dims = []
-    for raw in values:
-        try:
-            value = int(str(raw).strip())
-        except ValueError:
-            raise ValueError(f"{what}: {raw!r} is not an integer") from None
-        if not 1 <= value <= dimension:
-            raise ValueError(f"{what}: {value} is outside 1..{dimension} (the full dimension)")
-        dims.append(value)
-    return tuple(sorted(set(dims)))
-
-
-def _flag(value: str, what: str) -> bool:
-    text = value.strip().lower()
-    if text in ("true", "1", "yes"):
-        return True
-    if text in ("false", "0", "no"):
-        return False
-    raise ValueError(f"{what}={value!r} must be true or false")
+            raise ModelFolderError(str(exc)) from None
+    return Dimensions(dimension, (), bool(config.get("is_matryoshka", False)))

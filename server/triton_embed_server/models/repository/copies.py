@@ -121,22 +121,92 @@ def edit_config(
             of range; the message names the file. The file is then left unchanged.
     """
     path = Path(path)
-    text = path.read_text()
     try:
-        if count is not None or kind is not None:
-            text = set_instance_group(text, count=count, kind=kind)
-        if max_queue_delay_us is not None:
-            text = set_max_queue_delay(text, max_queue_delay_us)
-        if max_queue_size is not None or queue_timeout_us is not None:
-            text = set_queue_policy(
-                text, max_queue_size=max_queue_size, timeout_us=queue_timeout_us
-            )
-        for key, value in (parameters or {}).items():
-            text = set_parameter(text, key, value)
+        text = edit_text(
+            path.read_text(),
+            count=count,
+            kind=kind,
+            max_queue_delay_us=max_queue_delay_us,
+            max_queue_size=max_queue_size,
+            queue_timeout_us=queue_timeout_us,
+            parameters=parameters,
+        )
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
     path.write_text(text)
     return text
+
+
+def edit_text(
+    text: str,
+    *,
+    name: str | None = None,
+    step_models: Iterable[str] | None = None,
+    count: int | None = None,
+    kind: str | None = None,
+    max_queue_delay_us: int | None = None,
+    max_queue_size: int | None = None,
+    queue_timeout_us: int | None = None,
+    parameters: Mapping[str, str] | None = None,
+) -> str:
+    """``text`` of a ``config.pbtxt`` with fields changed (see :func:`edit_config`).
+
+    Args:
+        text: the config's text.
+        name: the model's top-level ``name``.
+        step_models: the ``model_name`` of each ``ensemble_scheduling`` step, in order.
+        count: as :func:`edit_config`.
+        kind: as :func:`edit_config`.
+        max_queue_delay_us: as :func:`edit_config`.
+        max_queue_size: as :func:`edit_config`.
+        queue_timeout_us: as :func:`edit_config`.
+        parameters: as :func:`edit_config`.
+
+    Raises:
+        ValueError: a field to change is not in the text (or is ambiguous), or a value is
+            out of range.
+    """
+    if name is not None:
+        text = set_name(text, name)
+    if step_models is not None:
+        text = set_step_models(text, list(step_models))
+    if count is not None or kind is not None:
+        text = set_instance_group(text, count=count, kind=kind)
+    if max_queue_delay_us is not None:
+        text = set_max_queue_delay(text, max_queue_delay_us)
+    if max_queue_size is not None or queue_timeout_us is not None:
+        text = set_queue_policy(text, max_queue_size=max_queue_size, timeout_us=queue_timeout_us)
+    for key, value in (parameters or {}).items():
+        text = set_parameter(text, key, value)
+    return text
+
+
+def set_name(text: str, name: str) -> str:
+    """``text`` with the model's top-level ``name`` replaced.
+
+    Raises:
+        ValueError: no top-level ``name`` line, or more than one.
+    """
+    found = list(re.finditer(r'^name\s*:\s*"(x*)"', _mask(text), re.M))
+    if len(found) != 1:
+        raise ValueError(f"expected one top-level name field, found {len(found)}")
+    return _apply(text, [(found[0].start(1), found[0].end(1), _escape(name))])
+
+
+def set_step_models(text: str, names: list[str]) -> str:
+    """``text`` with the ``model_name`` of each ensemble step replaced, in order.
+
+    Raises:
+        ValueError: the ``ensemble_scheduling`` block has another number of steps.
+    """
+    masked = _mask(text)
+    start, end = _single_block(masked, "ensemble_scheduling")
+    found = list(re.finditer(r'\bmodel_name\s*:\s*"(x*)"', masked[start:end]))
+    if len(found) != len(names):
+        raise ValueError(f"expected {len(names)} ensemble steps, found {len(found)}")
+    pairs = zip(found, names, strict=True)
+    edits = [(start + m.start(1), start + m.end(1), _escape(n)) for m, n in pairs]
+    return _apply(text, edits)
 
 
 def set_instance_group(text: str, count: int | None = None, kind: str | None = None) -> str:

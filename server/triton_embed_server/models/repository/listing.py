@@ -11,6 +11,7 @@ from triton_embed_server.models.model_files import resolve_model_path
 from triton_embed_server.models.model_spec import read_model_spec
 from triton_embed_server.models.repository.layout import ensembles, our_steps
 from triton_embed_server.models.repository.names import RepositoryError, step_names
+from triton_embed_server.models.spec import SpecParameters
 from triton_embed_server.steps.config import model_parameters
 
 
@@ -25,7 +26,7 @@ class ListedModel:
         device: ``cpu`` or ``gpu``: the kind of the embedder's ``instance_group``.
         instances: embedder instances (per GPU on ``gpu``).
         max_length: the token budget per text in effect (the model's own when configured 0).
-        spec: :meth:`~triton_embed_server.models.model_spec.ModelSpec.describe` of the folder, plus
+        spec: :meth:`~triton_embed_server.models.spec.ModelSpec.describe` of the folder, plus
             ``allowed_dimensions`` (in words).
         error: why the model cannot be served as it stands, or ``None``.
     """
@@ -96,12 +97,7 @@ def _describe(repository: Path, name: str, tokenizer: str, embedder: str) -> Lis
             )
     try:
         folder = resolve_model_path(params.get("model_path", ""), repository)
-        spec = read_model_spec(
-            folder,
-            pooling=params.get("pooling", ""),
-            normalize=params.get("normalize", ""),
-            dimensions=params.get("dimensions", ""),
-        )
+        spec = read_model_spec(folder, SpecParameters.parse(params, "parameter "))
         max_length = int(params.get("max_length") or 0) or spec.max_length
     except (OSError, ValueError) as exc:
         return _with(listed, error=str(exc))

@@ -1,38 +1,48 @@
-"""The files of one embedding model's three Triton models, from the templates.
+"""The files of one embedding model's three Triton models, from the shipped ones.
 
-The templates (``triton_embed_server/models/repository/templates/``) are the shipped
-``model_repository/``
-files with :mod:`string.Template` placeholders for what differs between models: the model
-names, ``model_path`` and ``max_length`` (both steps), the embedder's instance count, its
-``pooling`` / ``normalize`` / ``dimensions`` and ``kv_cache_bytes``, the tokenizer's
-``max_chunks``, and the step kind in ``model.py``. The shipped files stay the source of the
-text: a unit test renders ``embed`` with the defaults and compares it with them byte for
-byte (tests/unit/test_repository_gen.py).
+The shipped ``model_repository/`` files are the one text: ``templates/`` in this package
+holds links to them (package data), and :func:`render` sets, by key, what differs between
+models (:func:`~triton_embed_server.models.repository.copies.edit_text`): the model names, the
+ensemble's step names, ``model_path`` and ``max_length`` (both steps), the embedder's instance
+count, its spec (:meth:`~triton_embed_server.models.spec.ModelSpec.parameters`) and
+``kv_cache_bytes``, its CPU engine limits (the :class:`~triton_embed_server.steps.config.
+EmbedderConfig` field defaults), ``max_chunks`` of both steps, and the first comment line.
+A unit test renders ``embed`` with the defaults and compares it with the shipped files byte
+for byte (tests/unit/test_repository_gen.py): it holds the shipped values to the code's.
 """
 
 from __future__ import annotations
 
-import string
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from importlib import resources
 
-from triton_embed_server.models.repository.copies import _escape
-from triton_embed_server.models.repository.names import step_names
+from triton_embed_server.models.repository.copies import edit_text
+from triton_embed_server.models.repository.names import LEGACY_NAME, step_names
+from triton_embed_server.models.spec import ModelSpec
+from triton_embed_server.steps.config import DEFAULT_MAX_CHUNKS, EmbedderConfig
 
 DEVICES = ("cpu", "gpu")
 #: Embedder instances per device when none is asked for: the shipped configs' counts.
 DEFAULT_INSTANCES = {"cpu": 2, "gpu": 4}
-DEFAULT_MAX_CHUNKS = 16
-#: The template files, package data of this package.
+#: Links to the shipped ``model_repository`` files, package data of this package.
 TEMPLATES = resources.files(__package__) / "templates"
+#: The CPU embedder's engine limits, set from the config's field defaults.
+CPU_ENGINE_DEFAULTS = (
+    "dtype",
+    "gpu_memory_utilization",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "threads_bind",
+    "numa_placement",
+)
 
-# The first line of the GPU template: the variant next to the CPU config (the shipped text),
-# or the model's one config (``device="gpu"``).
-_GPU_VARIANT_HEADER = "# GPU variant of the embedder: tritonserver ... --model-config-name gpu"
+# The first line of the shipped GPU config (the variant next to the CPU config), and what
+# replaces it in a model's one config (``device="gpu"``).
+_GPU_VARIANT_HEADER = "# GPU variant of the embedder: tritonserver ... --model-config-name gpu\n"
 _GPU_ONLY_HEADER = (
     "# Step 2 of the `{name}` ensemble: token IDs -> embeddings, vLLM pooling runner in-process.\n"
-    "# GPU variant (triton-embed repository add --device gpu); no CPU variant is written."
+    "# GPU variant (triton-embed repository add --device gpu); no CPU variant is written.\n"
 )
 
 
@@ -69,19 +79,27 @@ class ModelOptions:
     served_model_name: str = ""
 
 
-def _template(file: str) -> string.Template:
-    return string.Template((TEMPLATES / file).read_text("utf-8"))
+def _shipped(file: str) -> str:
+    return (TEMPLATES / file).read_text("utf-8")
+
+
+def _retitle(text: str, name: str) -> str:
+    """The first comment line's ensemble name (the shipped text says `embed`)."""
+    first, _, rest = text.partition("\n")
+    return first.replace(f"`{LEGACY_NAME}`", f"`{name}`", 1) + "\n" + rest
+
+
+def _render_value(value: object) -> str:
+    """A config field default as its parameter text (``0.2``, ``16384``, ``spread``)."""
+    return str(value)
 
 
 def render(
     options: ModelOptions,
     model_path: str,
+    spec: ModelSpec,
     *,
-    pooling: str = "",
-    normalize: str = "",
-    dimensions: str = "",
     served_model_name: str = "",
-    dimension: int = 0,
     resolved_max_length: int = 0,
     kv_cache_bytes: Callable[[str], int] | None = None,
 ) -> dict[str, bytes]:
@@ -90,58 +108,59 @@ def render(
     Args:
         options: names, device, instances, lengths.
         model_path: the ``model_path`` parameter of both steps, as it is to be written.
-        pooling: the embedder's ``pooling`` parameter (``""``: the folder's).
-        normalize: its ``normalize`` parameter (``""``, ``true``, ``false``).
-        dimensions: its ``dimensions`` parameter (``""``, ``any``, ``64,128``).
+        spec: the model's spec with the operator's overrides: the embedder's spec parameters
+            and the ensemble's ``dimension``.
         served_model_name: the ensemble's ``served_model_name`` parameter.
-        dimension: the full vector length (the ensemble's ``dimension`` parameter).
         resolved_max_length: the token budget in force (the ensemble's ``max_length``).
         kv_cache_bytes: the embedder's ``kv_cache_bytes`` parameter from its config text
-            rendered with ``auto`` (the limits are the template's); None: ``auto`` is written.
+            rendered with ``auto`` (the limits are the shipped text's); None: ``auto``.
 
     Returns:
         ``{path relative to the repository root, "/"-separated: UTF-8 bytes}``.
     """
     name = options.name
     tokenizer, embedder = step_names(name)
-    common = {
-        "name": name,
-        "tokenizer_name": tokenizer,
-        "embedder_name": embedder,
-        "model_path": _escape(model_path),
+    steps = {
+        "model_path": model_path,
         "max_length": str(options.max_length),
-        "pooling": pooling,
-        "normalize": normalize,
-        "dimensions": dimensions,
         "max_chunks": str(options.max_chunks),
-        "served_model_name": _escape(served_model_name),
-        "dimension": str(dimension),
-        "resolved_max_length": str(resolved_max_length),
     }
+    ensemble = {
+        "served_model_name": served_model_name,
+        "dimension": str(spec.dimension),
+        "max_length": str(resolved_max_length),
+    }
+    defaults = {f.name: f.default for f in fields(EmbedderConfig)}
+    cpu = {key: _render_value(defaults[key]) for key in CPU_ENGINE_DEFAULTS}
     instances = options.instances or DEFAULT_INSTANCES[options.device]
-    gpu = _template("embedder_gpu.pbtxt")
     files = {
-        f"{name}/config.pbtxt": _template("ensemble.pbtxt").substitute(common),
+        f"{name}/config.pbtxt": edit_text(
+            _shipped("ensemble.pbtxt"),
+            name=name,
+            step_models=[tokenizer, embedder],
+            parameters=ensemble,
+        ),
         f"{name}/1/.gitkeep": "",
-        f"{tokenizer}/config.pbtxt": _template("tokenizer.pbtxt").substitute(common),
-        f"{tokenizer}/1/model.py": _template("model.py.tmpl").substitute(step="tokenizer"),
-        f"{embedder}/1/model.py": _template("model.py.tmpl").substitute(step="embedder"),
+        f"{tokenizer}/config.pbtxt": edit_text(
+            _retitle(_shipped("tokenizer.pbtxt"), name), name=tokenizer, parameters=steps
+        ),
+        f"{tokenizer}/1/model.py": _shipped("tokenizer_model.py.tmpl"),
+        f"{embedder}/1/model.py": _shipped("embedder_model.py.tmpl"),
     }
 
-    def embedder_config(template: string.Template, **values: object) -> str:
-        text = template.substitute(common, kv_cache_bytes="auto", **values)
+    def embedder_config(text: str, count: int, **more: str) -> str:
+        params = {**steps, **spec.parameters(), **more, "kv_cache_bytes": "auto"}
+        text = edit_text(text, name=embedder, count=count, parameters=params)
         if kv_cache_bytes is None:
             return text
-        return template.substitute(common, kv_cache_bytes=str(kv_cache_bytes(text)), **values)
+        return edit_text(text, parameters={"kv_cache_bytes": str(kv_cache_bytes(text))})
 
+    gpu = _shipped("embedder_gpu.pbtxt")
     if options.device == "gpu":
-        header = _GPU_ONLY_HEADER.format(name=name)
-        files[f"{embedder}/config.pbtxt"] = embedder_config(gpu, instances=instances, header=header)
+        text = _GPU_ONLY_HEADER.format(name=name) + gpu.removeprefix(_GPU_VARIANT_HEADER)
+        files[f"{embedder}/config.pbtxt"] = embedder_config(text, instances)
     else:
-        files[f"{embedder}/config.pbtxt"] = embedder_config(
-            _template("embedder_cpu.pbtxt"), instances=instances
-        )
-        files[f"{embedder}/configs/gpu.pbtxt"] = embedder_config(
-            gpu, instances=DEFAULT_INSTANCES["gpu"], header=_GPU_VARIANT_HEADER
-        )
+        text = _retitle(_shipped("embedder_cpu.pbtxt"), name)
+        files[f"{embedder}/config.pbtxt"] = embedder_config(text, instances, **cpu)
+        files[f"{embedder}/configs/gpu.pbtxt"] = embedder_config(gpu, DEFAULT_INSTANCES["gpu"])
     return {path: text.encode("utf-8") for path, text in sorted(files.items())}

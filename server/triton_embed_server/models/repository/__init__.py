@@ -8,8 +8,8 @@ steps ``NAME_tokenizer`` and ``NAME_embedder`` (Python backend; their ``1/model.
 with the defaults writes this project's ``model_repository/`` byte for byte.
 
 * :mod:`~triton_embed_server.models.repository.names`: model names, step names, the error type.
-* :mod:`~triton_embed_server.models.repository.render`: the files, from the templates in
-  ``triton_embed_server/models/repository/templates/`` (the shipped files with ``$placeholders``).
+* :mod:`~triton_embed_server.models.repository.render`: the files: the shipped ones (linked
+  from ``triton_embed_server/models/repository/templates/``) with their values set by key.
 * :mod:`~triton_embed_server.models.repository.layout`: which folders of a repository are ours.
 * :mod:`~triton_embed_server.models.repository.add`: checking a model folder and writing the
   models all or nothing.

@@ -30,6 +30,7 @@ import re
 import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 MODEL_REPOSITORY = Path(__file__).resolve().parents[4] / "model_repository"
 
@@ -89,29 +90,12 @@ def precompile(repository: Path) -> Path:
     return repository
 
 
-def edit_config(
-    path: Path,
-    *,
-    count: int | None = None,
-    kind: str | None = None,
-    max_queue_delay_us: int | None = None,
-    max_queue_size: int | None = None,
-    queue_timeout_us: int | None = None,
-    parameters: Mapping[str, str] | None = None,
-) -> str:
+def edit_config(path: Path, **fields: Any) -> str:
     """Change fields of one ``config.pbtxt`` in place; the other lines stay as they are.
 
     Args:
         path: the config file (``<model>/config.pbtxt`` or ``<model>/configs/<name>.pbtxt``).
-        count: the ``count`` of the model's one ``instance_group`` entry.
-        kind: the ``kind`` of that entry (one of :data:`INSTANCE_KINDS`).
-        max_queue_delay_us: ``dynamic_batching { max_queue_delay_microseconds }``.
-        max_queue_size: ``dynamic_batching { default_queue_policy { max_queue_size } }``:
-            requests a step holds waiting; past it, a request is refused at once.
-        queue_timeout_us: ``dynamic_batching { default_queue_policy
-            { default_timeout_microseconds } }``: the longest wait in the queue.
-        parameters: ``parameters`` entries to set, ``{key: string_value}``; each key must
-            already be in the file.
+        **fields: the fields to change: the keywords of :func:`edit_text`.
 
     Returns:
         The new text of the file.
@@ -122,15 +106,7 @@ def edit_config(
     """
     path = Path(path)
     try:
-        text = edit_text(
-            path.read_text(),
-            count=count,
-            kind=kind,
-            max_queue_delay_us=max_queue_delay_us,
-            max_queue_size=max_queue_size,
-            queue_timeout_us=queue_timeout_us,
-            parameters=parameters,
-        )
+        text = edit_text(path.read_text(), **fields)
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
     path.write_text(text)
@@ -155,12 +131,15 @@ def edit_text(
         text: the config's text.
         name: the model's top-level ``name``.
         step_models: the ``model_name`` of each ``ensemble_scheduling`` step, in order.
-        count: as :func:`edit_config`.
-        kind: as :func:`edit_config`.
-        max_queue_delay_us: as :func:`edit_config`.
-        max_queue_size: as :func:`edit_config`.
-        queue_timeout_us: as :func:`edit_config`.
-        parameters: as :func:`edit_config`.
+        count: the ``count`` of the model's one ``instance_group`` entry.
+        kind: the ``kind`` of that entry (one of :data:`INSTANCE_KINDS`).
+        max_queue_delay_us: ``dynamic_batching { max_queue_delay_microseconds }``.
+        max_queue_size: ``dynamic_batching { default_queue_policy { max_queue_size } }``:
+            requests a step holds waiting; past it, a request is refused at once.
+        queue_timeout_us: ``dynamic_batching { default_queue_policy
+            { default_timeout_microseconds } }``: the longest wait in the queue.
+        parameters: ``parameters`` entries to set, ``{key: string_value}``; each key must
+            already be in the file.
 
     Raises:
         ValueError: a field to change is not in the text (or is ambiguous), or a value is

@@ -34,7 +34,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from triton_embed import model_control
 from triton_embed.admin import grpc_headers
 from triton_embed.errors import (
     AccessDeniedError,
@@ -43,6 +42,7 @@ from triton_embed.errors import (
     ServerUnavailableError,
     map_error,
 )
+from triton_embed.model_control import ModelControl
 from triton_embed.options import EmbeddingType, InvalidUtf8, RequestOptions, Truncation
 from triton_embed.retry import RetryPolicy
 from triton_embed.transport.addresses import DEFAULT_MODEL, DEFAULT_URL, check_url
@@ -235,7 +235,7 @@ class EmbeddingClient(ChannelOwner):
         self.max_concurrency = max_concurrency
         self._client = grpcclient.InferenceServerClient(url)
         self._channel = Channel(grpcclient, self._client, url, timeout_s)
-        self._control = model_control.ModelControl.over(
+        self._control = ModelControl.over(
             self._client, url=url, headers=self._admin_headers(), timeout_s=timeout_s
         )
         self.batch_size = batch_size  # as asked; capped at max_batch_size below

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 from triton_embed.admin import is_refused
 
@@ -68,23 +68,33 @@ class Failure:
 
     Attributes:
         kind: what went wrong.
-        status: the gRPC status name (``UNAVAILABLE``), or ``"400"``, or ``""`` for an
-            error without one.
-        raw_status: the status as ``tritonclient`` gives it (``StatusCode.UNAVAILABLE``).
+        raw_status: the status as ``tritonclient`` gives it (``StatusCode.UNAVAILABLE``,
+            ``400``), or ``""`` for an error without one.
         message: the server's message, whole (``str(exc)`` for an error without one).
         index: for :attr:`ErrorKind.INVALID_INPUT`, the index of the text the message names,
             counted from the request's first text; else ``None``.
-        reason: with ``index``, what the message says of that text, worded to follow
-            "text" (``"is empty; send ..."``); else ``None``.
+        named_at: with ``index``, where "text N" stands in ``message``: the start and end
+            of ``N``, and the end of the words naming the text.
     """
 
     kind: ErrorKind
-    status: str
     raw_status: str
     message: str
     index: int | None = None
-    reason: str | None = None
-    _digits: tuple[int, int] | None = None
+    named_at: tuple[int, int, int] | None = None
+
+    @property
+    def status(self) -> str:
+        """The gRPC status name (``UNAVAILABLE``), ``"400"``, or ``""`` without a status."""
+        return self.raw_status.rsplit(".", 1)[-1]
+
+    @property
+    def reason(self) -> str | None:
+        """With ``index``, what the message says of that text, else ``None``.
+
+        Worded to follow "text": ``"is empty; send ..."``.
+        """
+        return None if self.named_at is None else self.message[self.named_at[2] :]
 
     def index_in(self, offset: int, size: int) -> int | None:
         """The named text's index in the caller's texts (``offset + index``), or ``None``.
@@ -102,9 +112,9 @@ class Failure:
         A message that names no text of the request (or with ``offset`` 0) is unchanged.
         """
         index = self.index_in(offset, size)
-        if not offset or index is None or self._digits is None:
+        if not offset or index is None or self.named_at is None:
             return self.message
-        start, end = self._digits
+        start, end, _ = self.named_at
         return f"{self.message[:start]}{index}{self.message[end:]}"
 
 
@@ -152,7 +162,7 @@ def classify(exc: BaseException) -> Failure:
     lowered = message.lower()
 
     def failure(kind: ErrorKind) -> Failure:
-        return Failure(kind, status, raw, message)
+        return Failure(kind, raw, message)
 
     if is_refused(message):
         return failure(ErrorKind.ACCESS_DENIED)
@@ -160,10 +170,8 @@ def classify(exc: BaseException) -> Failure:
         found = _TEXT_INDEX.search(message)
         if found is None:
             return failure(ErrorKind.INVALID_INPUT)
-        reason = message[found.end() :]
-        digits = found.span(1)
-        index = int(found.group(1))
-        return Failure(ErrorKind.INVALID_INPUT, status, raw, message, index, reason, digits)
+        named_at = (*found.span(1), found.end())
+        return Failure(ErrorKind.INVALID_INPUT, raw, message, int(found.group(1)), named_at)
     if status == "DEADLINE_EXCEEDED" or not status and "Deadline Exceeded" in message:
         return failure(ErrorKind.TIMEOUT)
     if status == "UNAVAILABLE" and (QUEUE_FULL in message or QUEUE_TIMEOUT in message):
@@ -179,6 +187,7 @@ def classify(exc: BaseException) -> Failure:
     return failure(ErrorKind.OTHER)
 
 
+@dataclass(eq=False)
 class TransportError(Exception):
     """A failure of the asynchronous transport (the upstream pool, its inference call).
 
@@ -190,19 +199,14 @@ class TransportError(Exception):
         field: the request field at fault (the inputs' field of a token budget), or ``None``.
     """
 
-    def __init__(
-        self,
-        kind: ErrorKind,
-        message: str,
-        *,
-        index: int | None = None,
-        field: str | None = None,
-    ):
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-        self.index = index
-        self.field = field
+    kind: ErrorKind
+    message: str
+    _: KW_ONLY
+    index: int | None = None
+    field: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
 
     def __reduce__(self) -> tuple:
         """Copies and pickles keep the kind, the index and the field."""

@@ -118,9 +118,28 @@ class GatewayError(Exception):
 
 _INVALID = "invalid_request_error"
 _RETRY_LATER = {"Retry-After": str(RETRY_AFTER_S)}
+_BEARER = {"WWW-Authenticate": 'Bearer realm="triton-embed"'}
 
 
-class BadRequest(GatewayError, status=400, openai_type=_INVALID, code=None, tei_type="Validation"):
+def _answer(
+    status: int,
+    code: str | None,
+    tei_type: str,
+    *,
+    openai_type: str = _INVALID,
+    headers: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The class arguments of a :class:`GatewayError` subclass: its status and envelopes."""
+    return {
+        "status": status,
+        "code": code,
+        "tei_type": tei_type,
+        "openai_type": openai_type,
+        "headers": headers,
+    }
+
+
+class BadRequest(GatewayError, **_answer(400, None, "Validation")):
     """400: malformed JSON, a wrong field or type, or input the server refused."""
 
 
@@ -129,50 +148,26 @@ class EmptyInput(BadRequest, tei_type="Empty"):
 
 
 class Unauthorized(
-    GatewayError,
-    status=401,
-    openai_type=_INVALID,
-    code="invalid_api_key",
-    tei_type="Unauthorized",
-    headers={"WWW-Authenticate": 'Bearer realm="triton-embed"'},
+    GatewayError, **_answer(401, "invalid_api_key", "Unauthorized", headers=_BEARER)
 ):
     """401: the ``Authorization: Bearer`` key is missing or wrong."""
 
 
-class NotFound(
-    GatewayError, status=404, openai_type=_INVALID, code="model_not_found", tei_type="NotFound"
-):
+class NotFound(GatewayError, **_answer(404, "model_not_found", "NotFound")):
     """404: no upstream serves a model of that name or alias."""
 
 
-class MethodNotAllowed(
-    GatewayError,
-    status=405,
-    openai_type=_INVALID,
-    code="method_not_allowed",
-    tei_type="Validation",
-):
+class MethodNotAllowed(GatewayError, **_answer(405, "method_not_allowed", "Validation")):
     """405: a route asked with another HTTP method than its own."""
 
 
 class RequestTimeout(
-    GatewayError,
-    status=408,
-    openai_type=_INVALID,
-    code="request_timeout",
-    tei_type="Validation",
-    headers={"Connection": "close"},
+    GatewayError, **_answer(408, "request_timeout", "Validation", headers={"Connection": "close"})
 ):
     """408: the request's body did not arrive within the read timeout; the connection closes."""
 
 
-class UnsupportedMediaType(
-    GatewayError,
-    status=415,
-    openai_type=_INVALID,
-    code="unsupported_media_type",
-    tei_type="Validation",
-):
+class UnsupportedMediaType(GatewayError, **_answer(415, "unsupported_media_type", "Validation")):
     """415: the body is not declared JSON (``Content-Type``), as TEI answers."""
 
 
@@ -217,50 +212,36 @@ def quote(value: Any, limit: int = QUOTE_CHARS) -> str:
     return type(value).__name__
 
 
-class TooLarge(
-    GatewayError,
-    status=413,
-    openai_type=_INVALID,
-    code="payload_too_large",
-    tei_type="Validation",
-):
+class TooLarge(GatewayError, **_answer(413, "payload_too_large", "Validation")):
     """413: too many inputs, or a body over the size limit."""
 
 
 class Overloaded(
     GatewayError,
-    status=429,
-    openai_type="rate_limit_error",
-    code="overloaded",
-    tei_type="Overloaded",
-    headers=_RETRY_LATER,
+    **_answer(
+        429, "overloaded", "Overloaded", openai_type="rate_limit_error", headers=_RETRY_LATER
+    ),
 ):
     """429: too many requests in the gateway, or every upstream's queue is full."""
 
 
 class UpstreamError(
-    GatewayError, status=502, openai_type="api_error", code="upstream_error", tei_type="Backend"
+    GatewayError, **_answer(502, "upstream_error", "Backend", openai_type="api_error")
 ):
     """502: an upstream failed the request for a reason of its own (engine error, ...)."""
 
 
 class Unavailable(
     GatewayError,
-    status=503,
-    openai_type="service_unavailable",
-    code="no_upstream",
-    tei_type="Unhealthy",
-    headers=_RETRY_LATER,
+    **_answer(
+        503, "no_upstream", "Unhealthy", openai_type="service_unavailable", headers=_RETRY_LATER
+    ),
 ):
     """503: no upstream is ready (or none has the model ready)."""
 
 
 class Timeout(
-    GatewayError,
-    status=504,
-    openai_type="timeout_error",
-    code="upstream_timeout",
-    tei_type="Backend",
+    GatewayError, **_answer(504, "upstream_timeout", "Backend", openai_type="timeout_error")
 ):
     """504: the upstream did not answer within the gateway's deadline."""
 

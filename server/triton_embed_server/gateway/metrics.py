@@ -75,52 +75,6 @@ def metric(
     return _KINDS[kind](name, documentation, labels, registry=registry, **options)
 
 
-#: The gateway's families: ``(attribute, name, help, labels, kind, options)``.
-FAMILIES: tuple[tuple[str, str, str, tuple[str, ...], str, dict[str, Any]], ...] = (
-    (
-        "requests",
-        "triton_embed_gateway_requests_total",
-        "Requests answered by the gateway, by route, resolved model and HTTP status.",
-        ("route", "model", "status"),
-        COUNTER,
-        {},
-    ),
-    (
-        "duration",
-        "triton_embed_gateway_request_duration_seconds",
-        "Seconds from a request's arrival at the gateway to its answer.",
-        ("route",),
-        HISTOGRAM,
-        {"buckets": DURATION_BUCKETS_S},
-    ),
-    ("in_flight", "triton_embed_gateway_in_flight", "Requests in the gateway now.", (), GAUGE, {}),
-    (
-        "upstream_up",
-        "triton_embed_gateway_upstream_up",
-        "1 while the upstream (ip:port) is ready and used, 0 while it is taken out.",
-        ("upstream",),
-        GAUGE,
-        {},
-    ),
-    (
-        "retries",
-        "triton_embed_gateway_upstream_retries_total",
-        "Upstream calls sent again to another upstream after the first one failed.",
-        (),
-        COUNTER,
-        {},
-    ),
-    (
-        "merged_requests",
-        "triton_embed_gateway_merged_requests",
-        "Requests per upstream call of the ensemble made by request merging (1: alone).",
-        (),
-        HISTOGRAM,
-        {"buckets": MERGED_REQUESTS_BUCKETS},
-    ),
-)
-
-
 class GatewayMetrics:
     """The gateway's families in a registry of their own; the upstream pool's observer.
 
@@ -129,18 +83,48 @@ class GatewayMetrics:
 
     Attributes:
         registry: the ``CollectorRegistry`` ``/metrics`` renders.
-        requests, duration, in_flight, upstream_up, retries, merged_requests: the families
-            of :data:`FAMILIES`.
     """
 
     def __init__(self) -> None:
         disable_created_metrics()  # no *_created series: the gateway is a process of its own
         self.registry = CollectorRegistry(auto_describe=True)
-        for attribute, name, documentation, labels, kind, options in FAMILIES:
-            family = metric(
-                name, documentation, labels, kind=kind, registry=self.registry, **options
-            )
-            setattr(self, attribute, family)
+
+        def family(name: str, documentation: str, *labels: str, kind: str, **options: Any) -> Any:
+            return metric(name, documentation, labels, kind=kind, registry=self.registry, **options)
+
+        self.requests = family(
+            "triton_embed_gateway_requests_total",
+            "Requests answered by the gateway, by route, resolved model and HTTP status.",
+            *("route", "model", "status"),
+            kind="counter",
+        )
+        self.duration = family(
+            "triton_embed_gateway_request_duration_seconds",
+            "Seconds from a request's arrival at the gateway to its answer.",
+            "route",
+            kind="histogram",
+            buckets=DURATION_BUCKETS_S,
+        )
+        self.in_flight = family(
+            "triton_embed_gateway_in_flight", "Requests in the gateway now.", kind="gauge"
+        )
+        self.upstream_up = family(
+            "triton_embed_gateway_upstream_up",
+            "1 while the upstream (ip:port) is ready and used, 0 while it is taken out.",
+            "upstream",
+            kind="gauge",
+        )
+        self.retries = family(
+            "triton_embed_gateway_upstream_retries_total",
+            "Upstream calls sent again to another upstream after the first one failed.",
+            kind="counter",
+        )
+        self.merged_requests = family(
+            "triton_embed_gateway_merged_requests",
+            "Requests per upstream call of the ensemble made by request merging (1: alone).",
+            kind="histogram",
+            buckets=MERGED_REQUESTS_BUCKETS,
+        )
 
     def observe(self, route: str, model: str, status: int, seconds: float) -> None:
         """Count one answered request."""

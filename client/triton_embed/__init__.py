@@ -2,7 +2,9 @@
 
 Public API: :class:`EmbeddingClient`, its errors, its request options
 (:mod:`triton_embed.options`), its retry policy (:mod:`triton_embed.retry`) and the wire
-codec (:mod:`triton_embed.codec`).
+codec (:mod:`triton_embed.codec`). What talks to a Triton server (addresses, the upstream
+pool, the inference call, the model catalog, error kinds) is :mod:`triton_embed.transport`,
+which the bulk job and the server package's HTTP gateway use too.
 """
 
 from triton_embed.client import EmbeddingClient, EmbedResult

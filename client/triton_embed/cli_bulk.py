@@ -91,8 +91,8 @@ def _default_retry(args: argparse.Namespace) -> bool:
 def run_bulk(args: argparse.Namespace, key: str | None, retry) -> dict:
     """``embed`` into an output folder; prints and returns the closing summary."""
     from triton_embed.admin import read_admin_key
-    from triton_embed.bulk.engine import BULK_RETRY
     from triton_embed.bulk.job import BulkJob, JobSettings
+    from triton_embed.bulk.pool_embedder import BULK_RETRY
     from triton_embed.bulk.sources import InputError
     from triton_embed.options import RequestOptions
 

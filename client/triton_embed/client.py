@@ -34,26 +34,28 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from triton_embed.admin import check_key, grpc_headers, read_admin_key
-from triton_embed.codec import decode_embeddings
-from triton_embed.error_mapping import map_error
+from triton_embed.admin import grpc_headers
 from triton_embed.errors import (
     AccessDeniedError,
     EmbedClientError,
     InvalidInputError,
     ServerUnavailableError,
+    map_error,
 )
-from triton_embed.options import (
-    DEFAULT_EMBEDDING_TYPE,
-    EmbeddingType,
-    InvalidUtf8,
-    RequestOptions,
-    Truncation,
-)
+from triton_embed.model_control import ModelControl
+from triton_embed.options import EmbeddingType, InvalidUtf8, RequestOptions, Truncation
 from triton_embed.retry import RetryPolicy
+from triton_embed.transport.addresses import DEFAULT_MODEL, DEFAULT_URL, check_url
+from triton_embed.transport.calls import (
+    CallGroup,
+    Channel,
+    ChannelOwner,
+    TextsRequest,
+    admin_key_of,
+    send_texts,
+)
 
-DEFAULT_URL = "127.0.0.1:8001"
-DEFAULT_MODEL = "embed"
+__all__ = ["DEFAULT_MODEL", "DEFAULT_URL", "EmbedResult", "EmbeddingClient", "check_url"]
 
 
 @dataclass(frozen=True)
@@ -77,75 +79,6 @@ class EmbedResult:
     num_tokens: np.ndarray
     latencies_s: list[float]
     retries: int = 0
-
-
-class _Stopped(EmbedClientError):
-    """A request of an ``embed`` call that was not sent, or cancelled: another one failed."""
-
-
-class _Calls:
-    """The in-flight gRPC calls of one ``embed`` call, cancelled together on the first failure.
-
-    Thread-safe: the worker threads add and remove their calls; :meth:`fail` records the
-    first real error and cancels the rest.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._contexts: set = set()
-        self.stopped = False
-        self.first_error: BaseException | None = None
-
-    def add(self, context) -> None:
-        """Track an in-flight call (``tritonclient`` ``CallContext``); cancel it if stopped."""
-        with self._lock:
-            if not self.stopped:
-                self._contexts.add(context)
-                return
-        context.cancel()
-
-    def discard(self, context) -> None:
-        """Forget a call that has answered."""
-        with self._lock:
-            self._contexts.discard(context)
-
-    def fail(self, error: BaseException) -> None:
-        """Stop the ``embed`` call: keep the first real error, cancel every call in flight."""
-        with self._lock:
-            if self.first_error is None and not isinstance(error, _Stopped):
-                self.first_error = error
-            self.stopped = True
-            contexts, self._contexts = self._contexts, set()
-        for context in contexts:
-            context.cancel()
-
-
-@dataclass(frozen=True)
-class _Request:
-    """What every request of one ``embed`` call shares: model, parameters, output type."""
-
-    model: str
-    parameters: dict
-    embedding_type: EmbeddingType | None
-
-
-def check_url(url: str) -> str:
-    """Check that ``url`` is a gRPC ``host:port``, as ``tritonclient.grpc`` takes it.
-
-    Returns:
-        ``url`` unchanged.
-
-    Raises:
-        InvalidInputError: ``url`` has a scheme (``http://...``), which gRPC would try to
-            resolve as a host name ("Misformatted domain name"); the message says what to pass.
-    """
-    if "://" in url:
-        host_port = url.split("://", 1)[1].rstrip("/")
-        raise InvalidInputError(
-            f"url {url!r} has a scheme: pass host:port of the server's gRPC port (8001 by "
-            f"default), without http://, e.g. {host_port or DEFAULT_URL!r}"
-        )
-    return url
 
 
 def _as_bytes(text: str | bytes, index: int) -> bytes:
@@ -202,7 +135,7 @@ def _check_arguments(timeout_s: float, max_concurrency: int, batch_size: int | N
     return concurrency
 
 
-class EmbeddingClient:
+class EmbeddingClient(ChannelOwner):
     """Embeds texts with a running ``embed`` ensemble.
 
     Args:
@@ -289,14 +222,7 @@ class EmbeddingClient:
         except ValueError as exc:
             raise InvalidInputError(str(exc)) from None
         self.parameters = self.options.to_parameters()
-        try:
-            self._admin_key = (
-                read_admin_key() if admin_key is None else check_key(admin_key, "admin_key=")
-            )
-        except ValueError as exc:
-            raise InvalidInputError(str(exc)) from None
-        except OSError as exc:
-            raise EmbedClientError(f"cannot read the admin key: {exc}") from None
+        self._admin_key = admin_key_of(admin_key)
         try:
             self.retry = RetryPolicy.of(retry)
         except ValueError as exc:
@@ -308,6 +234,10 @@ class EmbeddingClient:
         self.timeout_s = timeout_s
         self.max_concurrency = max_concurrency
         self._client = grpcclient.InferenceServerClient(url)
+        self._channel = Channel(grpcclient, self._client, url, timeout_s)
+        self._control = ModelControl.over(
+            self._client, url=url, headers=self._admin_headers(), timeout_s=timeout_s
+        )
         self.batch_size = batch_size  # as asked; capped at max_batch_size below
         self._batch_sizes: dict[str, int] = {}
         self.max_batch_size = self._server_max_batch_size(model)
@@ -358,16 +288,8 @@ class EmbeddingClient:
             EmbedTimeoutError: the model was not ready within ``timeout_s``.
             EmbedClientError: the server could not load it (Triton's message, on one line).
         """
-        from triton_embed import model_control  # imported here: it imports this module
-
         self._batch_sizes.pop(name, None)  # a reloaded model may batch differently
-        model_control.load_model(
-            self._client,
-            name,
-            url=self.url,
-            headers=self._admin_headers(),
-            timeout_s=self.timeout_s,
-        )
+        self._control.load_model(name)
 
     def unload_model(self, name: str) -> None:
         """Unload the model ``name`` (an ensemble: and its steps no other model uses).
@@ -376,30 +298,12 @@ class EmbeddingClient:
             AccessDeniedError: the server refused the call (no admin key, or a wrong one).
             EmbedClientError: any other failure (Triton's message, on one line).
         """
-        from triton_embed import model_control  # imported here: it imports this module
-
         self._batch_sizes.pop(name, None)
-        model_control.unload_model(
-            self._client,
-            name,
-            url=self.url,
-            headers=self._admin_headers(),
-            timeout_s=self.timeout_s,
-        )
+        self._control.unload_model(name)
 
     def _admin_headers(self) -> dict[str, str] | None:
         """The gRPC metadata carrying the admin key; ``None`` without a key."""
         return grpc_headers(self._admin_key) or None
-
-    def close(self) -> None:
-        """Close the gRPC channel."""
-        self._client.close()
-
-    def __enter__(self) -> EmbeddingClient:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def embed(
         self,
@@ -483,11 +387,11 @@ class EmbeddingClient:
         if not payloads:
             return EmbedResult(np.zeros((0, 0), np.float32), np.zeros(0, np.int32), [])
         batch_size = self._batch_size(model)
-        request = _Request(model, opts.to_parameters(), opts.embedding_type)
+        request = TextsRequest(model, opts.to_parameters(), opts.embedding_type)
         starts = list(range(0, len(payloads), batch_size))
         retries = [0]
         lock = threading.Lock()
-        calls = _Calls()
+        calls = CallGroup()
 
         def count_retry(error: BaseException, wait_s: float) -> None:
             with lock:
@@ -530,67 +434,17 @@ class EmbeddingClient:
         self,
         batch: list[bytes],
         offset: int,
-        request: _Request | None = None,
-        calls: _Calls | None = None,
+        request: TextsRequest | None = None,
+        calls: CallGroup | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """One gRPC request: ``batch`` (``texts[offset : offset + len(batch)]``) embedded.
 
-        Sent as a cancellable call with the ``timeout_s`` deadline; ``calls`` cancels it
-        when another request of the same ``embed`` call fails.
+        :func:`~triton_embed.transport.calls.send_texts` with this client's channel, model
+        and options unless ``request`` says otherwise.
 
         Raises:
-            EmbedClientError: the mapped failure (:func:`~triton_embed.error_mapping.map_error`);
-                ``_Stopped`` when ``calls`` stopped before or while it ran.
+            EmbedClientError: the mapped failure (:func:`~triton_embed.errors.map_error`).
         """
         if request is None:
-            request = _Request(self.model, self.parameters, self.options.embedding_type)
-        calls = calls or _Calls()
-        if calls.stopped:
-            raise _Stopped("not sent: another request of this call failed")
-        grpc = self._grpc
-        arr = np.empty((len(batch), 1), dtype=object)
-        arr[:, 0] = batch
-        inp = grpc.InferInput("TEXT", list(arr.shape), "BYTES")
-        inp.set_data_from_numpy(arr)
-        outputs = [grpc.InferRequestedOutput("EMBEDDING"), grpc.InferRequestedOutput("NUM_TOKENS")]
-        answered = threading.Event()
-        answer: list = [None, None]
-
-        def on_answer(result, error) -> None:
-            answer[0], answer[1] = result, error
-            answered.set()
-
-        try:
-            context = self._client.async_infer(
-                request.model,
-                [inp],
-                on_answer,
-                outputs=outputs,
-                client_timeout=self.timeout_s,
-                parameters=request.parameters or None,
-            )
-        except Exception as exc:
-            raise map_error(exc, self.url, offset, len(batch)) from None
-        calls.add(context)
-        try:
-            # The gRPC deadline answers at timeout_s; the margin only guards a lost callback.
-            if not answered.wait(self.timeout_s + 5.0):
-                context.cancel()
-                raise map_error(TimeoutError("Deadline Exceeded"), self.url, offset, len(batch))
-        finally:
-            calls.discard(context)
-        result, error = answer
-        if error is not None:
-            if calls.stopped and calls.first_error is not None:
-                raise _Stopped("cancelled: another request of this call failed")
-            raise map_error(error, self.url, offset, len(batch)) from None
-        vectors = decode_embeddings(
-            result.as_numpy("EMBEDDING").reshape(-1),
-            embedding_type=request.embedding_type or DEFAULT_EMBEDDING_TYPE,
-        )
-        counts = result.as_numpy("NUM_TOKENS").reshape(-1).astype(np.int32)
-        if len(vectors) != len(batch) or len(counts) != len(batch):
-            raise EmbedClientError(
-                f"server returned {len(vectors)} embeddings for {len(batch)} texts"
-            )
-        return vectors, counts
+            request = TextsRequest(self.model, self.parameters, self.options.embedding_type)
+        return send_texts(self._channel, batch, offset, request, calls or CallGroup())

@@ -18,6 +18,11 @@ Two payloads travel as elements of Triton ``BYTES`` (``TYPE_STRING``) tensors:
   length, the leading tokens pooling leaves out, and its weight in the text's mean. One
   window unless the request asked for ``truncation=CHUNK``.
 
+On the wire of a gRPC response (``raw_output_contents``, KServe v2's binary framing) a
+``BYTES`` output of ``n`` elements is each element's 4-byte little-endian length followed by
+its bytes (:func:`frame_bytes`, :func:`bytes_elements`: zero-copy views), and an ``INT32``
+output ``4 x n`` bytes of little-endian int32 (:func:`int32_values`).
+
 BYTES elements must be built as ``numpy`` arrays of ``dtype=object`` holding ``bytes``:
 a ``numpy.bytes_`` array strips trailing ``0x00`` bytes, which corrupts any vector whose
 last float has a zero low byte (``0.0`` for one).
@@ -25,6 +30,7 @@ last float has a zero low byte (``0.0`` for one).
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -34,6 +40,7 @@ from triton_embed.options import EmbeddingType
 FLOAT32_LE = np.dtype("<f4")
 FLOAT16_LE = np.dtype("<f2")
 INT32_LE = np.dtype("<i4")
+_LENGTH = struct.Struct("<I")
 
 
 def _pack(rows: Iterable[np.ndarray], dtype: np.dtype) -> np.ndarray:
@@ -72,7 +79,7 @@ def encode_typed_embeddings(vectors: np.ndarray, embedding_type: EmbeddingType) 
 
 
 def decode_embeddings(
-    elements: Iterable[bytes],
+    elements: Iterable[bytes | memoryview],
     dim: int | None = None,
     embedding_type: EmbeddingType | str = EmbeddingType.FLOAT32,
 ) -> np.ndarray:
@@ -80,7 +87,8 @@ def decode_embeddings(
 
     Args:
         elements: ``n`` payloads (as returned by ``tritonclient``'s ``as_numpy`` on a BYTES
-            output, flattened), each ``embedding_type.element_bytes(dim)`` bytes.
+            output, flattened, or the views of :func:`bytes_elements`), each
+            ``embedding_type.element_bytes(dim)`` bytes.
         dim: expected dimension; inferred from the first element when ``None`` (for
             ``ubinary``: ``8 x`` its bytes, since the padding bits cannot be told apart).
         embedding_type: how the elements were encoded (``float32`` by default).
@@ -101,7 +109,7 @@ def decode_embeddings(
         EmbeddingType.FLOAT16: FLOAT16_LE,
         EmbeddingType.UBINARY: np.dtype(np.uint8),
     }[kind]
-    payloads = [bytes(e) for e in elements]
+    payloads = [e if isinstance(e, (bytes, memoryview)) else bytes(e) for e in elements]
     width = itemsize[kind]
     if not payloads:
         return np.zeros((0, kind.element_bytes(dim or 0) // width), dtype=dtype.newbyteorder("="))
@@ -175,3 +183,42 @@ def decode_windows(element: bytes) -> list[tuple[int, int, int]]:
         )
     values = np.frombuffer(payload, dtype=INT32_LE).reshape(-1, 3).tolist()
     return [(a, b, c) for a, b, c in values]
+
+
+def frame_bytes(elements: Iterable[bytes | memoryview]) -> bytes:
+    """``elements`` in KServe v2's binary ``BYTES`` framing (length-prefixed, concatenated)."""
+    return b"".join(_LENGTH.pack(len(e)) + bytes(e) for e in elements)
+
+
+def bytes_elements(raw: bytes, count: int) -> list[memoryview]:
+    """The ``count`` payloads of a raw ``BYTES`` output, as views into ``raw`` (no copy).
+
+    Raises:
+        ValueError: ``raw`` does not hold exactly ``count`` framed elements.
+    """
+    view = memoryview(raw)
+    out: list[memoryview] = []
+    offset = 0
+    for _ in range(count):
+        if offset + 4 > len(view):
+            break
+        (length,) = _LENGTH.unpack_from(view, offset)
+        offset += 4
+        out.append(view[offset : offset + length])
+        offset += length
+    if len(out) != count or offset != len(view):
+        raise ValueError(
+            f"a BYTES output of {len(view)} bytes does not hold {count} framed elements"
+        )
+    return out
+
+
+def int32_values(raw: bytes, count: int) -> np.ndarray:
+    """A raw ``INT32`` output as int32 ``[count]`` (native byte order).
+
+    Raises:
+        ValueError: ``raw`` is not ``4 x count`` bytes.
+    """
+    if len(raw) != 4 * count:
+        raise ValueError(f"an INT32 output of {len(raw)} bytes does not hold {count} values")
+    return np.frombuffer(raw, dtype=INT32_LE).astype(np.int32, copy=False)

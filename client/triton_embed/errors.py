@@ -1,6 +1,34 @@
-"""The client library's errors; ``tritonclient`` exception types never reach the caller."""
+"""The client library's errors; ``tritonclient`` exception types never reach the caller.
+
+:func:`map_error` translates a failed call: the transport reads its kind once
+(:func:`triton_embed.transport.failures.classify`) and :data:`ERROR_CLASSES`, a table over
+that kind, picks the class; a rejected text is named by its index in the caller's texts.
+"""
 
 from __future__ import annotations
+
+from triton_embed.transport.failures import (
+    QUEUE_FULL,
+    QUEUE_TIMEOUT,
+    ErrorKind,
+    Failure,
+    TransportError,
+    classify,
+)
+
+__all__ = [
+    "QUEUE_FULL",
+    "QUEUE_TIMEOUT",
+    "ERROR_CLASSES",
+    "AccessDeniedError",
+    "EmbedClientError",
+    "EmbedTimeoutError",
+    "InvalidInputError",
+    "ServerOverloadedError",
+    "ServerUnavailableError",
+    "from_transport",
+    "map_error",
+]
 
 
 class EmbedClientError(Exception):
@@ -43,13 +71,6 @@ class ServerUnavailableError(EmbedClientError, ConnectionError):
     """The server cannot be reached or the model is not ready."""
 
 
-# What Triton 2.51 answers (gRPC UNAVAILABLE) when a queue policy refuses a request; through
-# the ensemble the message reads "in ensemble 'embed', [request id: <id_unknown>] Exceeds
-# maximum queue size" or "in ensemble 'embed', Request timeout expired".
-QUEUE_FULL = "Exceeds maximum queue size"
-QUEUE_TIMEOUT = "Request timeout expired"
-
-
 class ServerOverloadedError(ServerUnavailableError):
     """The server is overloaded and refused the request; retry later, with backoff.
 
@@ -74,3 +95,101 @@ class AccessDeniedError(EmbedClientError, PermissionError):
     Reading a model's config and loading or unloading models need the admin key
     (:mod:`triton_embed.admin`); inference does not.
     """
+
+
+#: The client's exception class of each kind of failure.
+ERROR_CLASSES: dict[ErrorKind, type[EmbedClientError]] = {
+    ErrorKind.INVALID_INPUT: InvalidInputError,
+    ErrorKind.OVER_BUDGET: InvalidInputError,
+    ErrorKind.ACCESS_DENIED: AccessDeniedError,
+    ErrorKind.TIMEOUT: EmbedTimeoutError,
+    ErrorKind.OVERLOADED: ServerOverloadedError,
+    ErrorKind.UNREACHABLE: ServerUnavailableError,
+    ErrorKind.NO_UPSTREAM: ServerUnavailableError,
+    ErrorKind.MODEL_MISSING: EmbedClientError,
+    ErrorKind.BAD_ANSWER: EmbedClientError,
+    ErrorKind.OTHER: EmbedClientError,
+}
+
+#: What every "cannot reach the server" error adds: a common cause is the wrong port.
+URL_HINT = (
+    "check that the server runs and that the URL is host:port of its gRPC port (8001 by "
+    "default), not of its HTTP port (8000 by default)"
+)
+
+
+def map_error(
+    exc: BaseException, url: str, offset: int | None = None, size: int | None = None
+) -> EmbedClientError:
+    """Translate a ``tritonclient`` exception into this library's error types.
+
+    Args:
+        exc: the exception.
+        url: the server's URL (for the message).
+        offset: index in the caller's texts of the request's first text, if a request failed.
+        size: texts in that request.
+
+    Returns:
+        The :data:`ERROR_CLASSES` class of the failure's kind, with a message naming the
+        request's texts and the server.
+    """
+    failure = classify(exc)
+    message = failure.message
+    where = f"texts[{offset}:{offset + size}]: " if offset is not None and size else ""
+    kind = failure.kind
+    if kind is ErrorKind.INVALID_INPUT:
+        return _invalid_input(failure, where, offset, size)
+    wording = {
+        ErrorKind.ACCESS_DENIED: (
+            f"{where}server at {url} refused the call: no admin key was sent, or not the "
+            f"server's ({message})"
+        ),
+        ErrorKind.TIMEOUT: f"{where}request to {url} timed out: {message}",
+        ErrorKind.OVERLOADED: (
+            f"{where}server at {url} is overloaded and refused the request ({message}); "
+            "retry later, with backoff"
+        ),
+        ErrorKind.UNREACHABLE: f"server at {url} is unavailable: {message}; {URL_HINT}",
+    }
+    if kind in wording:
+        return ERROR_CLASSES[kind](wording[kind])
+    return ERROR_CLASSES[kind](f"{where}{failure.raw_status} {message}".strip())
+
+
+def _invalid_input(
+    failure: Failure, where: str, offset: int | None, size: int | None
+) -> InvalidInputError:
+    """The server's ``INVALID_ARGUMENT``, naming the text by its index in the caller's texts.
+
+    The server names a text by its index in the request ("text 6 is empty ..."); a request
+    holds ``texts[offset : offset + size]``, so the text is ``texts[offset + 6]``. A message
+    with no such index (a whole-request error), or with one outside the request, is kept
+    under the request's range.
+    """
+    message = failure.message
+    index = None if offset is None or not size else failure.index_in(offset, size)
+    if index is None:
+        return InvalidInputError(f"{where}{message}", server_message=message)
+    note = (
+        f" (text {failure.index} of the request that sent texts[{offset}:{offset + size}])"
+        if offset
+        else ""
+    )
+    return InvalidInputError(
+        f"texts[{index}] was rejected: {message}{note}",
+        index=index,
+        reason=failure.reason,
+        server_message=message,
+    )
+
+
+def from_transport(exc: TransportError) -> EmbedClientError:
+    """The client's error for a failure of the asynchronous transport (the upstream pool).
+
+    The :data:`ERROR_CLASSES` class of its kind, with its message; a refused text keeps its
+    index (``InvalidInputError.index``).
+    """
+    cls = ERROR_CLASSES[exc.kind]
+    if cls is InvalidInputError:
+        return InvalidInputError(exc.message, index=exc.index)
+    return cls(exc.message)

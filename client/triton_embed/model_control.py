@@ -16,10 +16,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from triton_embed.admin import check_key, grpc_headers, read_admin_key
-from triton_embed.client import DEFAULT_URL, check_url
-from triton_embed.error_mapping import map_error
-from triton_embed.errors import EmbedClientError, EmbedTimeoutError, InvalidInputError
+from triton_embed.admin import grpc_headers
+from triton_embed.errors import EmbedClientError, EmbedTimeoutError, InvalidInputError, map_error
+from triton_embed.transport.addresses import DEFAULT_URL, check_url
+from triton_embed.transport.calls import ChannelOwner, admin_key_of
 
 #: Seconds between readiness checks after a load or an unload.
 READY_POLL_S = 0.2
@@ -162,7 +162,7 @@ def _steps(grpc_client: Any, name: str, headers: dict[str, str] | None) -> list[
     return [s["model_name"] for s in config.get("ensemble_scheduling", {}).get("step", [])]
 
 
-class ModelControl:
+class ModelControl(ChannelOwner):
     """Load and unload models of a running server.
 
     Args:
@@ -185,16 +185,30 @@ class ModelControl:
         check_url(url)
         if not timeout_s > 0:
             raise InvalidInputError(f"timeout_s must be > 0, got {timeout_s!r}")
-        try:
-            key = read_admin_key() if admin_key is None else check_key(admin_key, "admin_key=")
-        except ValueError as exc:
-            raise InvalidInputError(str(exc)) from None
-        except OSError as exc:
-            raise EmbedClientError(f"cannot read the admin key: {exc}") from None
+        key = admin_key_of(admin_key)
         self.url = url
         self.timeout_s = timeout_s
         self._headers = grpc_headers(key) or None
         self._client = grpcclient.InferenceServerClient(url)
+
+    @classmethod
+    def over(
+        cls, grpc_client: Any, *, url: str, headers: dict[str, str] | None, timeout_s: float
+    ) -> ModelControl:
+        """A ``ModelControl`` over a client someone else owns (an ``EmbeddingClient``'s).
+
+        Args:
+            grpc_client: a ``tritonclient.grpc.InferenceServerClient``.
+            url: its ``host:port`` (for messages).
+            headers: the gRPC metadata carrying the admin key, or ``None``.
+            timeout_s: deadline of each call, seconds.
+        """
+        control = cls.__new__(cls)
+        control.url = url
+        control.timeout_s = timeout_s
+        control._headers = headers
+        control._client = grpc_client
+        return control
 
     def load_model(self, name: str) -> None:
         """Load (or reload) ``name`` and wait until it is ready (see :func:`load_model`)."""
@@ -207,13 +221,3 @@ class ModelControl:
         unload_model(
             self._client, name, url=self.url, headers=self._headers, timeout_s=self.timeout_s
         )
-
-    def close(self) -> None:
-        """Close the gRPC channel."""
-        self._client.close()
-
-    def __enter__(self) -> ModelControl:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

@@ -13,6 +13,11 @@ Never retried: bad input (:class:`~triton_embed.errors.InvalidInputError`), dead
 (:class:`~triton_embed.errors.EmbedTimeoutError`: the server may still be working on it), a
 refused key (:class:`~triton_embed.errors.AccessDeniedError`) and any other error.
 
+A pool of servers (the bulk job, :mod:`triton_embed.bulk.pool_embedder`) retries more: a
+:class:`~triton_embed.transport.failures.TransportError` whose kind is in
+:data:`POOL_RETRYABLE` (every server unreachable or without the model, every queue full, a
+deadline) is sent again through :meth:`RetryPolicy.call_async`; refused input never is.
+
     >>> policy = RetryPolicy(retries=8, initial_wait_s=0.1, max_wait_s=5.0)
     >>> [policy.wait_bound_s(k) for k in range(1, 9)]
     [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0]
@@ -20,13 +25,15 @@ refused key (:class:`~triton_embed.errors.AccessDeniedError`) and any other erro
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from triton_embed.errors import AccessDeniedError, ServerUnavailableError
+from triton_embed.transport.failures import ErrorKind, TransportError
 
 T = TypeVar("T")
 
@@ -35,9 +42,27 @@ DEFAULT_INITIAL_WAIT_S = 0.1
 DEFAULT_MAX_WAIT_S = 5.0
 
 
+#: Failures of a call to a pool of servers that time can cure: a server restarts, a queue
+#: drains, a deadline passes while the servers are busy.
+POOL_RETRYABLE = frozenset(
+    {
+        ErrorKind.UNREACHABLE,
+        ErrorKind.NO_UPSTREAM,
+        ErrorKind.MODEL_MISSING,
+        ErrorKind.OVERLOADED,
+        ErrorKind.TIMEOUT,
+    }
+)
+
+
 def is_retryable(exc: BaseException) -> bool:
     """True for the errors a retry can cure: server overloaded, unreachable or restarting."""
     return isinstance(exc, ServerUnavailableError) and not isinstance(exc, AccessDeniedError)
+
+
+def is_pool_retryable(exc: BaseException) -> bool:
+    """True for a pool's failures that a retry can cure (:data:`POOL_RETRYABLE`)."""
+    return isinstance(exc, TransportError) and exc.kind in POOL_RETRYABLE
 
 
 @dataclass(frozen=True)
@@ -126,26 +151,7 @@ class RetryPolicy:
             Exception: any error :func:`is_retryable` does not cover, at once, as ``fn``
                 raised it.
         """
-        from tenacity import (
-            RetryCallState,
-            Retrying,
-            retry_if_exception,
-            stop_after_attempt,
-            wait_random_exponential,
-        )
-
-        def before_sleep(state: RetryCallState) -> None:
-            if on_retry is not None and state.outcome is not None and state.next_action:
-                on_retry(state.outcome.exception(), state.next_action.sleep)
-
-        retrying = Retrying(
-            stop=stop_after_attempt(self.retries + 1),
-            wait=wait_random_exponential(multiplier=self.initial_wait_s, max=self.max_wait_s),
-            retry=retry_if_exception(is_retryable),
-            before_sleep=before_sleep,
-            sleep=sleep,
-            reraise=True,
-        )
+        retrying = self._retrying(on_retry, sleep=sleep, retryable=is_retryable)
         attempts = 0
         started = time.monotonic()
 
@@ -163,3 +169,61 @@ class RetryPolicy:
                 f"{exc} (gave up after {attempts} attempts in "
                 f"{time.monotonic() - started:.1f} s; allow more with retry=/--retries)"
             ) from None
+
+    async def call_async(
+        self,
+        fn: Callable[[], Awaitable[T]],
+        *,
+        on_retry: Callable[[BaseException, float], None] | None = None,
+        retryable: Callable[[BaseException], bool] = is_pool_retryable,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> T:
+        """``await fn()``, awaited again after each ``retryable`` error until retries run out.
+
+        The same waits as :meth:`call` (full jitter, bounds :meth:`wait_bound_s`).
+
+        Args:
+            fn: the request (a new coroutine each call).
+            on_retry: called with the error and the wait (seconds) before each retry.
+            retryable: which errors are sent again (default :func:`is_pool_retryable`).
+            sleep: how to wait (tests pass a recorder).
+
+        Returns:
+            What ``fn`` returned.
+
+        Raises:
+            Exception: the last error, as ``fn`` raised it, once retries run out; any error
+                ``retryable`` does not cover, at once.
+        """
+        return await self._retrying(on_retry, sleep=sleep, retryable=retryable, run=True)(fn)
+
+    def _retrying(
+        self,
+        on_retry: Callable[[BaseException, float], None] | None,
+        *,
+        sleep: Callable[[float], Any],
+        retryable: Callable[[BaseException], bool],
+        run: bool = False,
+    ) -> Any:
+        """A ``tenacity`` retrier of this policy (``AsyncRetrying`` with ``run``)."""
+        from tenacity import (
+            AsyncRetrying,
+            RetryCallState,
+            Retrying,
+            retry_if_exception,
+            stop_after_attempt,
+            wait_random_exponential,
+        )
+
+        def before_sleep(state: RetryCallState) -> None:
+            if on_retry is not None and state.outcome is not None and state.next_action:
+                on_retry(state.outcome.exception(), state.next_action.sleep)
+
+        return (AsyncRetrying if run else Retrying)(
+            stop=stop_after_attempt(self.retries + 1),
+            wait=wait_random_exponential(multiplier=self.initial_wait_s, max=self.max_wait_s),
+            retry=retry_if_exception(retryable),
+            before_sleep=before_sleep,
+            sleep=sleep,
+            reraise=True,
+        )

@@ -24,7 +24,7 @@ from triton_embed.admin import (
     http_headers,
     read_admin_key,
 )
-from triton_embed.error_mapping import map_error
+from triton_embed.errors import map_error
 from triton_embed_server.host import admin_key
 from triton_embed_server.host.admin_key import (
     HTTP_OPEN_APIS,

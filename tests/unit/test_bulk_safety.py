@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from triton_embed.bulk import shards
-from triton_embed.bulk.engine import Batch
 from triton_embed.bulk.job import LOCK, BulkJob, JobSettings
+from triton_embed.bulk.pool_embedder import Batch
 from triton_embed.bulk.sources import InputChangedError, Source
 from triton_embed.errors import EmbedClientError
 

@@ -12,7 +12,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from triton_embed.bulk import shards
-from triton_embed.bulk.engine import Batch
 from triton_embed.bulk.job import (
     BulkJob,
     JobMismatchError,
@@ -21,6 +20,7 @@ from triton_embed.bulk.job import (
     _job_id,
     job_identity,
 )
+from triton_embed.bulk.pool_embedder import Batch
 from triton_embed.bulk.sources import Source
 from triton_embed.errors import EmbedClientError
 from triton_embed.options import RequestOptions

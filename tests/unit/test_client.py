@@ -12,7 +12,7 @@ import threading
 import numpy as np
 import pytest
 from triton_embed import EmbeddingClient, InvalidInputError, ServerUnavailableError
-from triton_embed.error_mapping import map_error
+from triton_embed.errors import map_error
 from tritonclient.utils import InferenceServerException
 
 from tests import fake_triton as fake_server

@@ -15,13 +15,13 @@ import numpy as np
 import orjson
 import pytest
 from starlette.testclient import TestClient
+from triton_embed.codec import frame_bytes
+from triton_embed.transport.catalog import Catalog, ModelInfo
+from triton_embed.transport.inference import MAX_INPUTS
 from triton_embed_server.gateway import auth as auth_module
 from triton_embed_server.gateway.app import Gateway, build_app
-from triton_embed_server.gateway.catalog import Catalog, ModelInfo
-from triton_embed_server.gateway.inference import MAX_INPUTS
 from triton_embed_server.gateway.metrics import GatewayMetrics
 from triton_embed_server.gateway.settings import GatewaySettings
-from triton_embed_server.gateway.tensors import frame_bytes
 from tritonclient.utils import InferenceServerException
 
 DIM = 8

@@ -1,18 +1,10 @@
-"""The gateway's error mapping, its tensor reading and its piece splitting (pure functions)."""
+"""The gateway's statuses over the transport's error kinds, and its envelopes (pure functions)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from triton_embed.codec import encode_embeddings
+from triton_embed.transport.failures import ErrorKind, TransportError, upstream_error
 from triton_embed_server.gateway import errors
-from triton_embed_server.gateway.inference import pieces
-from triton_embed_server.gateway.tensors import (
-    bytes_elements,
-    float32_matrix,
-    frame_bytes,
-    int32_values,
-)
 from tritonclient.utils import InferenceServerException
 
 
@@ -39,9 +31,33 @@ def upstream(status: str, message: str) -> InferenceServerException:
     ],
 )
 def test_upstream_errors_map_to_one_gateway_error(status, message, kind):
-    error = errors.from_upstream(upstream(status, message))
+    error = errors.from_transport(upstream_error(upstream(status, message)))
     assert type(error) is kind
     assert message in error.message
+
+
+def test_every_error_kind_has_one_status():
+    assert set(errors.STATUS_OF_KIND) == set(ErrorKind)
+    statuses = {kind: errors.from_transport(TransportError(kind, "x")).status for kind in ErrorKind}
+    assert statuses == {
+        ErrorKind.INVALID_INPUT: 400,
+        ErrorKind.OVER_BUDGET: 400,
+        ErrorKind.OVERLOADED: 429,
+        ErrorKind.TIMEOUT: 504,
+        ErrorKind.MODEL_MISSING: 503,
+        ErrorKind.UNREACHABLE: 503,
+        ErrorKind.NO_UPSTREAM: 503,
+        ErrorKind.ACCESS_DENIED: 502,
+        ErrorKind.BAD_ANSWER: 502,
+        ErrorKind.OTHER: 502,
+    }
+
+
+def test_a_refused_input_names_the_input_field_and_a_budget_its_own():
+    refused = errors.from_transport(upstream_error(upstream("INVALID_ARGUMENT", "text 0 is empty")))
+    assert (refused.param, refused.code) == ("input", None)
+    budget = errors.from_transport(TransportError(ErrorKind.OVER_BUDGET, "over", field="inputs"))
+    assert (budget.status, budget.param, budget.code) == (400, "inputs", "too_many_tokens")
 
 
 def test_statuses_and_envelopes():
@@ -73,39 +89,8 @@ def test_statuses_and_envelopes():
     assert errors.Unauthorized("x").headers()["WWW-Authenticate"].startswith("Bearer")
 
 
-def test_a_text_index_is_renumbered_from_the_piece_to_the_request():
-    message = "in ensemble 'embed', text 6 has 602 tokens; the model accepts 256"
-    assert errors.rebase_text_index(message, 64, 64) == message.replace("text 6", "text 70")
-    assert errors.rebase_text_index(message, 0, 64) == message
-    assert errors.rebase_text_index(message, 64, 5) == message  # not an index of the piece
-    assert errors.rebase_text_index("no index here", 64, 64) == "no index here"
-
-
-def test_bytes_elements_keep_trailing_zero_bytes_and_refuse_bad_framing():
-    vectors = np.array([[1.0, 0.0], [0.5, 0.0], [0.0, 0.0]], dtype=np.float32)
-    payloads = list(encode_embeddings(vectors))
-    raw = frame_bytes(payloads)
-    elements = bytes_elements(raw, 3)
-    assert [bytes(e) for e in elements] == payloads
-    assert np.array_equal(float32_matrix(elements), vectors)
-    with pytest.raises(ValueError, match="does not hold 4 framed elements"):
-        bytes_elements(raw, 4)
-    with pytest.raises(ValueError, match="does not hold 2 framed elements"):
-        bytes_elements(raw, 2)
-    with pytest.raises(ValueError, match="not float32 vectors of one dimension"):
-        float32_matrix([b"\0" * 8, b"\0" * 4])
-    assert int32_values(np.array([3, 4], "<i4").tobytes(), 2).tolist() == [3, 4]
-    with pytest.raises(ValueError):
-        int32_values(b"\0" * 4, 2)
-
-
-def test_pieces_cover_every_input_once_in_order():
-    assert pieces(0, 4) == []
-    assert pieces(4, 4) == [(0, 4)]
-    assert pieces(2048, 64)[-1] == (1984, 2048) and len(pieces(2048, 64)) == 32
-    for n in range(0, 40):
-        spans = pieces(n, 7)
-        assert [i for a, b in spans for i in range(a, b)] == list(range(n))
-        assert all(0 < b - a <= 7 for a, b in spans)
-    with pytest.raises(ValueError):
-        pieces(3, 0)
+def test_headers_of_refusals_and_of_a_closed_connection():
+    assert errors.Unavailable("x").headers() == {"Retry-After": "1"}
+    assert errors.RequestTimeout("x").headers() == {"Connection": "close"}
+    assert errors.UpstreamError("x").headers() == {}
+    assert errors.EmptyInput("x").status == 400 and errors.EmptyInput("x").code is None

@@ -4,7 +4,8 @@
 max_batch_size 4) with deterministic vectors, records every call's texts and parameters,
 can hold calls until the test releases them, and refuses a text starting with ``BAD`` the
 way Triton refuses an over-long text (gRPC ``INVALID_ARGUMENT``, "text N ..." with N the
-index in that call), which ``from_upstream`` maps to ``BadRequest``.
+index in that call), which the transport reads as ``INVALID_INPUT`` and the gateway's table
+answers with ``BadRequest``.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ import hashlib
 
 import numpy as np
 import pytest
-from triton_embed_server.gateway.catalog import Catalog, ModelInfo
-from triton_embed_server.gateway.errors import BadRequest, UpstreamError
-from triton_embed_server.gateway.inference import Embeddings
+from triton_embed.codec import frame_bytes
+from triton_embed.transport.catalog import Catalog, ModelInfo
+from triton_embed.transport.failures import ErrorKind, TransportError
+from triton_embed.transport.inference import Embeddings
+from triton_embed_server.gateway.errors import BadRequest, UpstreamError, from_transport
 from triton_embed_server.gateway.merging import Merger, merge_key, split
 from triton_embed_server.gateway.metrics import GatewayMetrics
-from triton_embed_server.gateway.tensors import frame_bytes
 from tritonclient.utils import InferenceServerException
 
 DIM = 8
@@ -226,7 +228,9 @@ def test_a_bad_text_in_a_merged_call_fails_only_its_request_with_its_own_index()
         results = await asyncio.gather(*tasks, return_exceptions=True)
         assert_answers(results[0], good_b)
         assert_answers(results[2], good_d)
-        error = results[1]
+        assert isinstance(results[1], TransportError)
+        assert results[1].kind is ErrorKind.INVALID_INPUT
+        error = from_transport(results[1])
         assert isinstance(error, BadRequest) and error.status == 400
         assert error.message.startswith("text 1 has 602 tokens")  # "text 2" in the merged call
         # the merged call, then each of its requests again on its own
@@ -244,7 +248,9 @@ def test_a_server_error_of_a_merged_call_fails_all_its_requests_without_resendin
         pool.fail = InferenceServerException(msg="engine died", status="StatusCode.INTERNAL")
         pool.hold.set()
         results = await asyncio.gather(first, *tasks, return_exceptions=True)
-        assert all(isinstance(r, UpstreamError) and "engine died" in r.message for r in results)
+        assert all(isinstance(r, TransportError) and r.kind is ErrorKind.OTHER for r in results)
+        answers = [from_transport(r) for r in results]
+        assert all(isinstance(a, UpstreamError) and "engine died" in a.message for a in answers)
         assert len({id(r) for r in results}) == 4  # one error object per request
         assert len(pool.calls) == 2
 

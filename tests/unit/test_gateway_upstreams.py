@@ -13,12 +13,13 @@ import copy
 import numpy as np
 import pytest
 from triton_embed.admin import GRPC_ADMIN_HEADER
-from triton_embed_server.gateway.addresses import Target, parse_upstreams
-from triton_embed_server.gateway.catalog import Catalog, FolderFacts, ModelInfo, folder_facts
-from triton_embed_server.gateway.errors import Unavailable
+from triton_embed.codec import frame_bytes
+from triton_embed.transport.addresses import Target, parse_upstreams
+from triton_embed.transport.catalog import Catalog, FolderFacts, ModelInfo
+from triton_embed.transport.failures import ErrorKind, TransportError
+from triton_embed.transport.upstreams import CHANNEL_ARGS, UpstreamPool
+from triton_embed_server.gateway.folder_facts import folder_facts
 from triton_embed_server.gateway.metrics import GatewayMetrics
-from triton_embed_server.gateway.tensors import frame_bytes
-from triton_embed_server.gateway.upstreams import CHANNEL_ARGS, UpstreamPool
 from tritonclient.utils import InferenceServerException
 
 ADMIN_KEY = "admin-key-0123456789abcdef"
@@ -159,7 +160,7 @@ def make_pool(cluster: Cluster, upstreams: str, **kwargs) -> UpstreamPool:
         parse_upstreams(upstreams),
         admin_key=ADMIN_KEY,
         timeout_s=5.0,
-        metrics=GatewayMetrics(),
+        observer=GatewayMetrics(),
         client_factory=cluster.client,
         resolver=cluster.resolve,
         facts_reader=lambda config: FolderFacts("mean", True),
@@ -220,7 +221,7 @@ def test_a_host_name_is_resolved_to_all_its_addresses_and_followed():
         del cluster.dns["triton.svc"]  # DNS failing: keep what we have
         await pool.refresh()
         assert sorted(pool.upstreams) == ["10.0.0.2:8001", "[fd00::3]:8001"]
-        text = pool.metrics.render()[0].decode()
+        text = pool.observer.render()[0].decode()
         assert 'triton_embed_gateway_upstream_up{upstream="10.0.0.1:8001"}' not in text
         assert 'triton_embed_gateway_upstream_up{upstream="10.0.0.2:8001"} 1.0' in text
         await pool.stop()
@@ -279,7 +280,7 @@ def test_without_the_admin_key_an_upstream_is_not_used_and_the_log_says_why(capl
 
 
 def test_configs_are_read_once_then_again_after_a_while(monkeypatch):
-    from triton_embed_server.gateway import upstreams
+    from triton_embed.transport import upstreams
 
     cluster = Cluster()
 
@@ -307,8 +308,9 @@ def test_an_unready_upstream_is_taken_out_and_put_back():
         client.ready = False
         await pool.refresh()
         assert not pool.any_ready()
-        with pytest.raises(Unavailable, match="no upstream is ready"):
+        with pytest.raises(TransportError, match="no upstream is ready") as refused:
             await pool.infer("embed", {"TEXT": [b"x"]}, ["EMBEDDING"])
+        assert refused.value.kind is ErrorKind.NO_UPSTREAM
         client.ready = True
         await pool.refresh()
         assert pool.any_ready()
@@ -396,7 +398,7 @@ def test_a_dead_upstream_is_taken_out_the_call_retried_once_elsewhere_and_put_ba
         assert len(raw["EMBEDDING"]) == 2 * (4 + 16)
         assert dead.infers == ["embed"] and cluster.clients["127.0.0.1:2"].infers == ["embed"]
         assert not pool.upstreams["127.0.0.1:1"].ready
-        assert pool.metrics.retries._value.get() == 1
+        assert pool.observer.retries._value.get() == 1
         pool.upstreams["127.0.0.1:2"].outstanding = 0
         for _ in range(3):  # taken out: no more calls reach it
             await pool.infer("embed", {"TEXT": [b"x"]}, ["EMBEDDING"])
@@ -438,7 +440,7 @@ def test_a_queue_refusal_goes_to_another_upstream_without_taking_the_first_out()
         with pytest.raises(InferenceServerException, match="Exceeds maximum queue size"):
             await pool.infer("embed", {"TEXT": [b"x"]}, ["EMBEDDING"])
         assert all(u.ready for u in pool.upstreams.values())
-        assert pool.metrics.retries._value.get() == 1
+        assert pool.observer.retries._value.get() == 1
         await pool.infer("embed", {"TEXT": [b"x"]}, ["EMBEDDING"])  # served now
         await pool.stop()
 

@@ -19,8 +19,7 @@ from triton_embed import (
     ServerOverloadedError,
     ServerUnavailableError,
 )
-from triton_embed.error_mapping import map_error
-from triton_embed.errors import AccessDeniedError
+from triton_embed.errors import AccessDeniedError, map_error
 from triton_embed.retry import is_retryable
 from tritonclient.utils import InferenceServerException
 

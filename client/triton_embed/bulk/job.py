@@ -2,7 +2,7 @@
 
 The input is read :data:`READ_CHUNK`-sized chunks at a time (:mod:`.sources`), cut into
 requests of the ensemble's ``max_batch_size`` (or ``batch_size``), sent with at most
-``concurrency`` in flight over one or several servers (:class:`.engine.PoolEmbedder`), and
+``concurrency`` in flight over one or several servers (:class:`.pool_embedder.PoolEmbedder`), and
 the answers are written in input order as shards of ``shard_rows`` rows (:mod:`.shards`).
 What is held at once is one shard's rows plus the requests in flight, whatever the corpus
 size.
@@ -31,7 +31,7 @@ import numpy as np
 from tqdm import tqdm
 
 from triton_embed.bulk import shards
-from triton_embed.bulk.engine import BULK_RETRY, Batch, PoolEmbedder
+from triton_embed.bulk.pool_embedder import BULK_RETRY, Batch, PoolEmbedder
 from triton_embed.bulk.sources import Chunk, Source
 from triton_embed.errors import EmbedClientError, InvalidInputError
 from triton_embed.options import DEFAULT_EMBEDDING_TYPE, RequestOptions

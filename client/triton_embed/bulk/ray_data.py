@@ -9,9 +9,9 @@
 Each actor of the pool is one :class:`TritonEmbedder`: a gRPC client of the Triton servers
 (``urls``: the servers of its node, several balanced, or a Kubernetes Service whose name
 resolves to every pod), through the same upstream pool as the CLI and the gateway
-(:class:`~triton_embed.bulk.engine.BlockingEmbedder`). With ``node_local_port`` an actor talks
-to the server on its own node (``<node ip>:<port>``) instead, so a cluster with one server per
-node keeps its traffic local.
+(:class:`~triton_embed.bulk.pool_embedder.BlockingEmbedder`). With ``node_local_port`` an
+actor talks to the server on its own node (``<node ip>:<port>``) instead, so a cluster with
+one server per node keeps its traffic local.
 
 Batches come in and go out as ``pyarrow.Table``; the output has the columns of the CLI's
 shards (:func:`triton_embed.bulk.shards.schema`: ``id``, ``num_tokens``, ``embedding`` as a
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from triton_embed.bulk import shards
-from triton_embed.bulk.engine import BULK_RETRY, BlockingEmbedder
+from triton_embed.bulk.pool_embedder import BULK_RETRY, BlockingEmbedder
 from triton_embed.errors import InvalidInputError
 from triton_embed.options import DEFAULT_EMBEDDING_TYPE, RequestOptions
 

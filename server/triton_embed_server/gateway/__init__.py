@@ -2,8 +2,10 @@
 
 A separate process (``triton-embed gateway``, ``python -m triton_embed_server.gateway``,
 ``GATEWAY_PORT=... scripts/serve.sh``) that speaks the APIs RAG frameworks already use and
-calls the ensembles over gRPC (``tritonclient.grpc.aio``), balanced over several Triton
-servers. One job per module:
+calls the ensembles over gRPC through the client package's transport
+(:mod:`triton_embed.transport`: the upstream pool, its health checks, the inference call,
+the model catalog, the error kinds), balanced over several Triton servers. One job per
+module:
 
 * :mod:`~.settings`: the settings, parsed once; :mod:`~.command`: the command line, uvicorn;
   :mod:`~.protocol`: uvicorn's HTTP protocol with a request-header timeout;
@@ -12,14 +14,13 @@ servers. One job per module:
   :mod:`~.tei_api`: ``/embed``, ``/tokenize``, ``/info``, ``/health``;
 * :mod:`~.body`: the body: declared JSON, bounded in size, time and nesting;
   :mod:`~.inputs`: inputs and options, checked;
-* :mod:`~.inference`: pieces of ``max_batch_size`` sent concurrently within the request's
-  token budget, reassembled in order, cancelled with the request;
-* :mod:`~.tensors`: gRPC tensors built and read (raw bytes, no parsing);
-* :mod:`~.addresses`: the ``--upstream`` entries and their DNS names;
-* :mod:`~.upstreams`: health checks, least-outstanding choice, one retry;
-* :mod:`~.catalog`: the embedding ensembles from the upstreams' configs, and their aliases;
-* :mod:`~.errors`: one error hierarchy, its statuses and both APIs' envelopes;
-* :mod:`~.auth`: the API key; :mod:`~.metrics`: the gateway's Prometheus families.
+* :mod:`~.merging`: small concurrent requests merged into one upstream call;
+* :mod:`~.folder_facts`: pooling and normalization read from a model folder on this host
+  (the facts reader the gateway gives its upstream pool);
+* :mod:`~.errors`: one error hierarchy, its statuses (a table over the transport's error
+  kinds) and both APIs' envelopes;
+* :mod:`~.auth`: the API key; :mod:`~.metrics`: the gateway's Prometheus families (the
+  upstream pool's observer).
 
 Guide: docs/operations.md, "Gateway".
 """

@@ -14,7 +14,9 @@ Every route's handler is wrapped by :meth:`Gateway.endpoint`, in this order:
 4. the handler, within the request's deadline (``--timeout-s``: past it its upstream calls
    are cancelled and the answer is 504) and only while its client is there: a client that
    disconnects cancels the handler and its upstream calls (no piece is started after);
-5. its errors rendered in the route's API envelope (:mod:`~triton_embed_server.gateway.errors`);
+5. its errors rendered in the route's API envelope (:mod:`~triton_embed_server.gateway.errors`;
+   a failure of the transport, :class:`~triton_embed.transport.failures.TransportError`, by
+   the table over its kind, :func:`~triton_embed_server.gateway.errors.from_transport`);
    any other exception is logged with its traceback and answered 500 with a short message;
    a client that went away (while its body was read or while it was served) is logged in
    one line, without a traceback, and counted as status 499 (nginx's "client closed
@@ -55,11 +57,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 from triton_embed.options import TRUNCATION, Truncation
+from triton_embed.transport.catalog import ModelInfo
+from triton_embed.transport.failures import TransportError
+from triton_embed.transport.inference import Pool, TokenBudget
+from triton_embed.transport.upstreams import UpstreamPool
 
 from triton_embed_server.gateway import openai_api, protocol, tei_api
 from triton_embed_server.gateway.auth import ApiKeyCheck
 from triton_embed_server.gateway.body import read_json_body
-from triton_embed_server.gateway.catalog import ModelInfo
 from triton_embed_server.gateway.errors import (
     CLIENT_CLOSED_REQUEST,
     QUOTE_CHARS,
@@ -71,13 +76,13 @@ from triton_embed_server.gateway.errors import (
     Overloaded,
     Timeout,
     Unavailable,
+    from_transport,
     quote,
 )
-from triton_embed_server.gateway.inference import Pool, TokenBudget
+from triton_embed_server.gateway.folder_facts import folder_facts
 from triton_embed_server.gateway.merging import Merger
 from triton_embed_server.gateway.metrics import GatewayMetrics
 from triton_embed_server.gateway.settings import GatewaySettings
-from triton_embed_server.gateway.upstreams import UpstreamPool
 
 log = logging.getLogger("triton_embed.gateway")
 
@@ -107,7 +112,8 @@ class Gateway:
 
     Args:
         settings: the parsed settings.
-        pool: the upstreams (:class:`~.upstreams.UpstreamPool`, or a test double).
+        pool: the upstreams (:class:`~triton_embed.transport.upstreams.UpstreamPool`, or a
+            test double).
         metrics: the gateway's metrics (the pool's, when it has them).
         api_key: the key clients must send, or ``None``.
     """
@@ -211,7 +217,8 @@ class Gateway:
                     entered = True
                     self.metrics.in_flight.inc()
                 response = await self._serve(handler, request, state, watch=body)
-            except GatewayError as error:
+            except (GatewayError, TransportError) as failed:
+                error = from_transport(failed) if isinstance(failed, TransportError) else failed
                 if error.status >= 500:
                     log.warning("%s %s: %d %s", request.method, route, error.status, error)
                 response = error_response(error, api)
@@ -243,7 +250,7 @@ class Gateway:
         With ``watch`` (the body has been read, so the next ASGI message is the client's
         ``http.disconnect``), a watcher cancels this task when the client disconnects: the
         cancellation reaches the upstream calls in flight
-        (:func:`~triton_embed_server.gateway.inference._each_piece`).
+        (:func:`~triton_embed.transport.inference.embed_texts`).
 
         Raises:
             ClientGone: the client disconnected.
@@ -358,7 +365,8 @@ def create_app(settings: GatewaySettings) -> Starlette:
         settings.targets,
         admin_key=settings.admin_key(),
         timeout_s=settings.timeout_s,
-        metrics=metrics,
+        observer=metrics,
+        facts_reader=folder_facts,
     )
     gateway = Gateway(settings, pool, metrics, settings.api_key())
     protocol.configure(

@@ -1,7 +1,9 @@
 """The gateway's errors: one hierarchy, its HTTP statuses and both APIs' envelopes, in one place.
 
-Every failure of a request is raised as a :class:`GatewayError` (or mapped to one by
-:func:`from_upstream`) and rendered in the envelope of the API the route belongs to:
+Every failure of a request is raised as a :class:`GatewayError` (or, for a failure of the
+transport, mapped to one by :func:`from_transport`: :data:`STATUS_OF_KIND`, one table over
+:class:`~triton_embed.transport.failures.ErrorKind`) and rendered in the envelope of the API
+the route belongs to:
 
 * OpenAI (``/v1/...``): ``{"error": {"message", "type", "param", "code"}}``, the shape of
   OpenAI's API reference ("Error codes"), which the ``openai`` SDK reads into
@@ -39,21 +41,19 @@ the same statuses on both APIs (400 and 502), so one status means one thing.
 
 from __future__ import annotations
 
-import re
-from typing import Any
+from typing import Any, ClassVar
 
-from triton_embed.admin import is_refused
-from triton_embed.errors import QUEUE_FULL, QUEUE_TIMEOUT
+from triton_embed.transport.failures import ErrorKind, TransportError
 
 #: Seconds a refused client is asked to wait (``Retry-After``) before sending again.
 RETRY_AFTER_S = 1
 
-# "text N" in a server message: N counts the texts of that request (a piece), from 0.
-_TEXT_INDEX = re.compile(r"\btext (\d+)\b")
-
 
 class GatewayError(Exception):
     """A request's failure, with its HTTP status and both envelopes' fields.
+
+    A subclass states its status and envelope fields as class arguments:
+    ``class Overloaded(GatewayError, status=429, openai_type=..., code=..., tei_type=...)``.
 
     Attributes:
         message: what was wrong, the limit and what to change (the server's message when it
@@ -62,10 +62,33 @@ class GatewayError(Exception):
         code: OpenAI's ``code`` (a short machine-readable word), or the class default.
     """
 
-    status = 500
-    openai_type = "server_error"
-    default_code: str | None = "internal"
-    tei_type = "Backend"
+    status: ClassVar[int] = 500
+    openai_type: ClassVar[str] = "server_error"
+    default_code: ClassVar[str | None] = "internal"
+    tei_type: ClassVar[str] = "Backend"
+    extra_headers: ClassVar[dict[str, str]] = {}
+
+    def __init_subclass__(
+        cls,
+        *,
+        status: int | None = None,
+        openai_type: str | None = None,
+        code: str | None = "",
+        tei_type: str | None = None,
+        headers: dict[str, str] | None = None,
+        **kwargs: Any,
+    ):
+        super().__init_subclass__(**kwargs)
+        if status is not None:
+            cls.status = status
+        if openai_type is not None:
+            cls.openai_type = openai_type
+        if code != "":
+            cls.default_code = code
+        if tei_type is not None:
+            cls.tei_type = tei_type
+        if headers is not None:
+            cls.extra_headers = headers
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
         super().__init__(message)
@@ -74,8 +97,8 @@ class GatewayError(Exception):
         self.code = code or self.default_code
 
     def headers(self) -> dict[str, str]:
-        """Extra response headers (``Retry-After``, ``WWW-Authenticate``)."""
-        return {}
+        """Extra response headers (``Retry-After``, ``WWW-Authenticate``, ``Connection``)."""
+        return dict(self.extra_headers)
 
     def openai_body(self) -> dict[str, Any]:
         """OpenAI's error envelope."""
@@ -93,70 +116,59 @@ class GatewayError(Exception):
         return {"error": self.message, "error_type": self.tei_type}
 
 
-class BadRequest(GatewayError):
+_INVALID = "invalid_request_error"
+_RETRY_LATER = {"Retry-After": str(RETRY_AFTER_S)}
+_BEARER = {"WWW-Authenticate": 'Bearer realm="triton-embed"'}
+
+
+def _answer(
+    status: int,
+    code: str | None,
+    tei_type: str,
+    *,
+    openai_type: str = _INVALID,
+    headers: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The class arguments of a :class:`GatewayError` subclass: its status and envelopes."""
+    return {
+        "status": status,
+        "code": code,
+        "tei_type": tei_type,
+        "openai_type": openai_type,
+        "headers": headers,
+    }
+
+
+class BadRequest(GatewayError, **_answer(400, None, "Validation")):
     """400: malformed JSON, a wrong field or type, or input the server refused."""
 
-    status = 400
-    openai_type = "invalid_request_error"
-    default_code = None
-    tei_type = "Validation"
 
-
-class EmptyInput(BadRequest):
+class EmptyInput(BadRequest, tei_type="Empty"):
     """400: an empty input list (TEI's ``Empty`` error type)."""
 
-    tei_type = "Empty"
 
-
-class Unauthorized(GatewayError):
+class Unauthorized(
+    GatewayError, **_answer(401, "invalid_api_key", "Unauthorized", headers=_BEARER)
+):
     """401: the ``Authorization: Bearer`` key is missing or wrong."""
 
-    status = 401
-    openai_type = "invalid_request_error"
-    default_code = "invalid_api_key"
-    tei_type = "Unauthorized"
 
-    def headers(self) -> dict[str, str]:  # noqa: D102
-        return {"WWW-Authenticate": 'Bearer realm="triton-embed"'}
-
-
-class NotFound(GatewayError):
+class NotFound(GatewayError, **_answer(404, "model_not_found", "NotFound")):
     """404: no upstream serves a model of that name or alias."""
 
-    status = 404
-    openai_type = "invalid_request_error"
-    default_code = "model_not_found"
-    tei_type = "NotFound"
 
-
-class MethodNotAllowed(GatewayError):
+class MethodNotAllowed(GatewayError, **_answer(405, "method_not_allowed", "Validation")):
     """405: a route asked with another HTTP method than its own."""
 
-    status = 405
-    openai_type = "invalid_request_error"
-    default_code = "method_not_allowed"
-    tei_type = "Validation"
 
-
-class RequestTimeout(GatewayError):
+class RequestTimeout(
+    GatewayError, **_answer(408, "request_timeout", "Validation", headers={"Connection": "close"})
+):
     """408: the request's body did not arrive within the read timeout; the connection closes."""
 
-    status = 408
-    openai_type = "invalid_request_error"
-    default_code = "request_timeout"
-    tei_type = "Validation"
 
-    def headers(self) -> dict[str, str]:  # noqa: D102
-        return {"Connection": "close"}
-
-
-class UnsupportedMediaType(GatewayError):
+class UnsupportedMediaType(GatewayError, **_answer(415, "unsupported_media_type", "Validation")):
     """415: the body is not declared JSON (``Content-Type``), as TEI answers."""
-
-    status = 415
-    openai_type = "invalid_request_error"
-    default_code = "unsupported_media_type"
-    tei_type = "Validation"
 
 
 class ClientGone(Exception):
@@ -200,168 +212,69 @@ def quote(value: Any, limit: int = QUOTE_CHARS) -> str:
     return type(value).__name__
 
 
-class TooLarge(GatewayError):
+class TooLarge(GatewayError, **_answer(413, "payload_too_large", "Validation")):
     """413: too many inputs, or a body over the size limit."""
 
-    status = 413
-    openai_type = "invalid_request_error"
-    default_code = "payload_too_large"
-    tei_type = "Validation"
 
-
-class Overloaded(GatewayError):
+class Overloaded(
+    GatewayError,
+    **_answer(
+        429, "overloaded", "Overloaded", openai_type="rate_limit_error", headers=_RETRY_LATER
+    ),
+):
     """429: too many requests in the gateway, or every upstream's queue is full."""
 
-    status = 429
-    openai_type = "rate_limit_error"
-    default_code = "overloaded"
-    tei_type = "Overloaded"
 
-    def headers(self) -> dict[str, str]:  # noqa: D102
-        return {"Retry-After": str(RETRY_AFTER_S)}
-
-
-class UpstreamError(GatewayError):
+class UpstreamError(
+    GatewayError, **_answer(502, "upstream_error", "Backend", openai_type="api_error")
+):
     """502: an upstream failed the request for a reason of its own (engine error, ...)."""
 
-    status = 502
-    openai_type = "api_error"
-    default_code = "upstream_error"
-    tei_type = "Backend"
 
-
-class Unavailable(GatewayError):
+class Unavailable(
+    GatewayError,
+    **_answer(
+        503, "no_upstream", "Unhealthy", openai_type="service_unavailable", headers=_RETRY_LATER
+    ),
+):
     """503: no upstream is ready (or none has the model ready)."""
 
-    status = 503
-    openai_type = "service_unavailable"
-    default_code = "no_upstream"
-    tei_type = "Unhealthy"
 
-    def headers(self) -> dict[str, str]:  # noqa: D102
-        return {"Retry-After": str(RETRY_AFTER_S)}
-
-
-class Timeout(GatewayError):
+class Timeout(
+    GatewayError, **_answer(504, "upstream_timeout", "Backend", openai_type="timeout_error")
+):
     """504: the upstream did not answer within the gateway's deadline."""
-
-    status = 504
-    openai_type = "timeout_error"
-    default_code = "upstream_timeout"
-    tei_type = "Backend"
 
 
 class Internal(GatewayError):
     """500: a bug in the gateway; the message is short, the traceback goes to the log."""
 
 
-def upstream_status(exc: BaseException) -> str:
-    """The gRPC status name of a ``tritonclient`` error, e.g. ``UNAVAILABLE`` ("" if none)."""
-    status = exc.status() if callable(getattr(exc, "status", None)) else None
-    return str(status or "").rsplit(".", 1)[-1]
+#: The gateway's answer to each kind of transport failure: its class, and the OpenAI
+#: ``code`` when it is not the class default.
+STATUS_OF_KIND: dict[ErrorKind, tuple[type[GatewayError], str | None]] = {
+    ErrorKind.INVALID_INPUT: (BadRequest, None),
+    ErrorKind.OVER_BUDGET: (BadRequest, "too_many_tokens"),
+    ErrorKind.OVERLOADED: (Overloaded, None),
+    ErrorKind.TIMEOUT: (Timeout, None),
+    ErrorKind.MODEL_MISSING: (Unavailable, None),
+    ErrorKind.UNREACHABLE: (Unavailable, None),
+    ErrorKind.NO_UPSTREAM: (Unavailable, None),
+    ErrorKind.ACCESS_DENIED: (UpstreamError, None),
+    ErrorKind.BAD_ANSWER: (UpstreamError, None),
+    ErrorKind.OTHER: (UpstreamError, None),
+}
 
 
-#: Characters of a server's message carried into an answer; the rest is cut (a server that
-#: quotes a whole 100,000-character value must not make the gateway repeat it).
-MAX_UPSTREAM_MESSAGE_CHARS = 1000
-
-
-def upstream_message(exc: BaseException) -> str:
-    """The server's message of a ``tritonclient`` error (``str(exc)`` for anything else).
-
-    At most :data:`MAX_UPSTREAM_MESSAGE_CHARS` characters, then how long it was.
-    """
-    message = exc.message() if callable(getattr(exc, "message", None)) else None
-    text = str(message if message is not None else exc)
-    if len(text) > MAX_UPSTREAM_MESSAGE_CHARS:
-        return f"{text[:MAX_UPSTREAM_MESSAGE_CHARS]}... ({len(text)} characters)"
-    return text
-
-
-def is_queue_refusal(exc: BaseException) -> bool:
-    """The upstream refused the request because a step's queue is full (or timed out in it).
-
-    Triton answers both with gRPC ``UNAVAILABLE`` and the queue policy's message
-    (:data:`triton_embed.errors.QUEUE_FULL`, :data:`~triton_embed.errors.QUEUE_TIMEOUT`):
-    the server is up and nothing was embedded.
-    """
-    message = upstream_message(exc)
-    return upstream_status(exc) == "UNAVAILABLE" and (
-        QUEUE_FULL in message or QUEUE_TIMEOUT in message
-    )
-
-
-def is_connection_failure(exc: BaseException) -> bool:
-    """The upstream could not be reached or went away (not a refusal by a running server).
-
-    gRPC ``UNAVAILABLE`` other than a queue refusal or a restricted-API refusal, and
-    ``CANCELLED`` / ``UNKNOWN`` errors of a connection that broke mid-call ("Socket closed",
-    "Connection reset").
-    """
-    status = upstream_status(exc)
-    message = upstream_message(exc)
-    if status == "UNAVAILABLE":
-        return not is_queue_refusal(exc) and not is_refused(message)
-    lowered = message.lower()
-    return status in ("UNKNOWN", "CANCELLED", "INTERNAL") and any(
-        marker in lowered
-        for marker in ("socket closed", "connection reset", "failed to connect", "broken pipe")
-    )
-
-
-def is_model_missing(exc: BaseException) -> bool:
-    """The upstream does not (or no longer) serve the model: gRPC ``NOT_FOUND``."""
-    return upstream_status(exc) == "NOT_FOUND"
-
-
-def text_index(message: str) -> int | None:
-    """The index of the text a server message names ("text 6 is empty ..."), or ``None``."""
-    found = _TEXT_INDEX.search(message)
-    return int(found.group(1)) if found else None
-
-
-def rebase_text_index(message: str, offset: int, size: int) -> str:
-    """A server message about "text N" of a piece, renumbered to the index in the request.
-
-    The gateway sends ``input[offset : offset + size]`` as one upstream request, and the
-    server names a text by its index in that request ("text 6 is empty ..."); the client
-    knows it as ``offset + 6``. A number outside the piece is left alone.
-    """
-    found = _TEXT_INDEX.search(message)
-    if not offset or found is None or int(found.group(1)) >= size:
-        return message
-    index = int(found.group(1)) + offset
-    return f"{message[: found.start(1)]}{index}{message[found.end(1) :]}"
-
-
-def from_upstream(exc: BaseException, *, offset: int = 0, size: int = 0) -> GatewayError:
-    """The gateway error for an upstream call that failed (after any retry).
-
-    Args:
-        exc: the ``tritonclient`` error.
-        offset: index in the request's inputs of the failed piece's first input.
-        size: inputs in that piece.
+def from_transport(exc: TransportError) -> GatewayError:
+    """The gateway error for a failure of the transport (an upstream call, a token budget).
 
     Returns:
-        400 for ``INVALID_ARGUMENT`` (the server's message, its text index made the
-        request's), 429 for a queue refusal, 504 for a deadline, 503 for an unreachable
-        upstream or a model it lost, 502 for anything else (the server's message).
+        The :data:`STATUS_OF_KIND` class of its kind with its message: 400 for refused input
+        (``param`` ``input``) or a token budget (``param`` the inputs' field, ``code``
+        ``too_many_tokens``), 429 for a queue refusal, 504 for a deadline, 503 for an
+        unreachable upstream, a model it lost or no ready upstream, 502 for anything else.
     """
-    if isinstance(exc, GatewayError):
-        return exc
-    status = upstream_status(exc)
-    message = upstream_message(exc)
-    if status == "INVALID_ARGUMENT":
-        return BadRequest(rebase_text_index(message, offset, size), param="input")
-    if is_queue_refusal(exc):
-        return Overloaded(
-            f"every upstream is overloaded and refused the request ({message}); retry later, "
-            "with backoff"
-        )
-    if status == "DEADLINE_EXCEEDED":
-        return Timeout(f"the upstream did not answer in time: {message}")
-    if is_model_missing(exc):
-        return Unavailable(f"no upstream has the model ready: {message}")
-    if is_connection_failure(exc):
-        return Unavailable(f"no upstream could be reached: {message}")
-    return UpstreamError(f"the upstream failed the request: {status or 'error'} {message}".strip())
+    cls, code = STATUS_OF_KIND[exc.kind]
+    param = exc.field or ("input" if exc.kind is ErrorKind.INVALID_INPUT else None)
+    return cls(exc.message, param=param, code=code)

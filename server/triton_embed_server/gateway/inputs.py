@@ -9,7 +9,7 @@ Both APIs take the same four forms of input (OpenAI's ``input``, TEI's ``inputs`
 
 Texts go to the ensemble as UTF-8; token IDs go to its embedder step as little-endian int32
 (:func:`triton_embed.codec.encode_token_ids`) and are validated there (vocabulary, token
-budget). A request holds at most :data:`~triton_embed_server.gateway.inference.MAX_INPUTS`
+budget). A request holds at most :data:`~triton_embed.transport.inference.MAX_INPUTS`
 inputs. The options become KServe v2 request parameters through
 :class:`triton_embed.options.RequestOptions`, the one parser of their values.
 """
@@ -26,10 +26,10 @@ from triton_embed.options import (
     Truncation,
     parse_input_type,
 )
+from triton_embed.transport.catalog import ModelInfo
+from triton_embed.transport.inference import MAX_INPUTS
 
-from triton_embed_server.gateway.catalog import ModelInfo
 from triton_embed_server.gateway.errors import BadRequest, EmptyInput, TooLarge, quote
-from triton_embed_server.gateway.inference import MAX_INPUTS
 
 #: The largest token ID int32 can carry.
 MAX_TOKEN_ID = 2**31 - 1

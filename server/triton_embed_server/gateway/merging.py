@@ -20,13 +20,13 @@ parameters, which must be equal to share a call):
   wait for the next call to finish. Each request gets its own slice of ``EMBEDDING`` and
   ``NUM_TOKENS`` back (:func:`split`);
 * a request of more than ``max_batch_size`` texts, and every request when ``in_flight`` is
-  0, goes the piecewise path of :func:`~triton_embed_server.gateway.inference.embed_texts`
+  0, goes the piecewise path of :func:`~triton_embed.transport.inference.embed_texts`
   unmerged. Token-ID input and ``/tokenize`` are never merged.
 
 Errors stay per request. A merged call that fails with
-:class:`~triton_embed_server.gateway.errors.BadRequest` (the server's ``INVALID_ARGUMENT``,
-as :func:`~triton_embed_server.gateway.errors.from_upstream` maps it: one text's input may
-be at fault) is sent again as one call per request, outside the ``in_flight`` bound, so
+``INVALID_INPUT`` (the server's ``INVALID_ARGUMENT``, as
+:func:`~triton_embed.transport.failures.upstream_error` reads it: one text's input may be at
+fault) is sent again as one call per request, outside the ``in_flight`` bound, so
 each request gets its own answer or its own error naming the text by its index in *that*
 request. Any other failure (queue refusal, deadline, unreachable upstream, engine error)
 is the server's, not an input's: every request of the call gets it. A waiting request
@@ -47,11 +47,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from triton_embed.options import TRUNCATION
+from triton_embed.transport import inference
+from triton_embed.transport.catalog import ModelInfo
+from triton_embed.transport.failures import ErrorKind, TransportError
+from triton_embed.transport.inference import Embeddings, Pool
 
-from triton_embed_server.gateway import inference
-from triton_embed_server.gateway.catalog import ModelInfo
-from triton_embed_server.gateway.errors import BadRequest
-from triton_embed_server.gateway.inference import Embeddings, Pool
 from triton_embed_server.gateway.metrics import GatewayMetrics
 
 #: ``(ensemble, frozenset of (parameter name, value type, value))``.
@@ -191,7 +191,7 @@ class Merger:
             :func:`~.inference.embed_texts` gives.
 
         Raises:
-            GatewayError: the request failed (its own error: a text named by its index in
+            TransportError: the request failed (its own error: a text named by its index in
                 ``texts``), or the call it shared failed for a reason of the server's.
         """
         if not self.in_flight or len(texts) > model.piece_size(parameters.get(TRUNCATION)):
@@ -275,20 +275,20 @@ class Merger:
             for waiter in batch:
                 waiter.future.cancel()
             raise
-        except BadRequest as error:
-            # One request's input may be at fault: each is sent again alone (None), unless it
-            # was alone, and the error (its index already the request's own) is its answer.
-            for waiter in batch:
-                if not waiter.future.done():
-                    if len(batch) == 1:
-                        waiter.future.set_exception(error)
-                    else:
-                        waiter.future.set_result(None)
-            return
         except Exception as error:
+            refused = isinstance(error, TransportError) and error.kind is ErrorKind.INVALID_INPUT
             for waiter in batch:
-                if not waiter.future.done():
+                if waiter.future.done():
+                    continue
+                if not refused:
                     waiter.future.set_exception(_copy(error))
+                elif len(batch) == 1:
+                    # One request's input may be at fault: each is sent again alone (None),
+                    # unless it was alone, and the error (its index already the request's
+                    # own) is its answer.
+                    waiter.future.set_exception(error)
+                else:
+                    waiter.future.set_result(None)
             return
         for waiter, part in zip(batch, parts, strict=True):
             if not waiter.future.done():

@@ -20,6 +20,9 @@ Families (docs/operations.md, "Metric catalogue"):
   request merging (``--merge-in-flight``; 1: a request sent alone,
   :mod:`~triton_embed_server.gateway.merging`).
 
+:class:`GatewayMetrics` is also the upstream pool's observer
+(:class:`triton_embed.transport.observer.PoolObserver`), which the gateway passes in.
+
 With ``--workers N`` each worker process has its own registry: a scrape sees one worker.
 """
 
@@ -73,7 +76,10 @@ def metric(
 
 
 class GatewayMetrics:
-    """The gateway's families in a registry of their own.
+    """The gateway's families in a registry of their own; the upstream pool's observer.
+
+    Implements :class:`triton_embed.transport.observer.PoolObserver`: the pool reports
+    upstreams in and out (``upstream_up``) and calls sent again (``retries``).
 
     Attributes:
         registry: the ``CollectorRegistry`` ``/metrics`` renders.
@@ -82,46 +88,41 @@ class GatewayMetrics:
     def __init__(self) -> None:
         disable_created_metrics()  # no *_created series: the gateway is a process of its own
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.requests = metric(
+
+        def family(name: str, documentation: str, *labels: str, kind: str, **options: Any) -> Any:
+            return metric(name, documentation, labels, kind=kind, registry=self.registry, **options)
+
+        self.requests = family(
             "triton_embed_gateway_requests_total",
             "Requests answered by the gateway, by route, resolved model and HTTP status.",
-            ("route", "model", "status"),
+            *("route", "model", "status"),
             kind="counter",
-            registry=r,
         )
-        self.duration = metric(
+        self.duration = family(
             "triton_embed_gateway_request_duration_seconds",
             "Seconds from a request's arrival at the gateway to its answer.",
-            ("route",),
+            "route",
             kind="histogram",
-            registry=r,
             buckets=DURATION_BUCKETS_S,
         )
-        self.in_flight = metric(
-            "triton_embed_gateway_in_flight",
-            "Requests in the gateway now.",
-            kind="gauge",
-            registry=r,
+        self.in_flight = family(
+            "triton_embed_gateway_in_flight", "Requests in the gateway now.", kind="gauge"
         )
-        self.upstream_up = metric(
+        self.upstream_up = family(
             "triton_embed_gateway_upstream_up",
             "1 while the upstream (ip:port) is ready and used, 0 while it is taken out.",
-            ("upstream",),
+            "upstream",
             kind="gauge",
-            registry=r,
         )
-        self.retries = metric(
+        self.retries = family(
             "triton_embed_gateway_upstream_retries_total",
             "Upstream calls sent again to another upstream after the first one failed.",
             kind="counter",
-            registry=r,
         )
-        self.merged_requests = metric(
+        self.merged_requests = family(
             "triton_embed_gateway_merged_requests",
             "Requests per upstream call of the ensemble made by request merging (1: alone).",
             kind="histogram",
-            registry=r,
             buckets=MERGED_REQUESTS_BUCKETS,
         )
 
@@ -133,6 +134,10 @@ class GatewayMetrics:
     def set_upstream(self, upstream: str, up: bool) -> None:
         """Record whether ``upstream`` is in use."""
         self.upstream_up.labels(upstream).set(1 if up else 0)
+
+    def count_retry(self) -> None:
+        """Count one upstream call sent again to another upstream."""
+        self.retries.inc()
 
     def forget_upstream(self, upstream: str) -> None:
         """Drop the series of an upstream that DNS no longer returns."""

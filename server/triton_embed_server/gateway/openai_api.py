@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
+from triton_embed.transport import inference
 
-from triton_embed_server.gateway import inference
 from triton_embed_server.gateway.errors import BadRequest, quote
 from triton_embed_server.gateway.inputs import (
     Inputs,

@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from triton_embed.admin import read_admin_key, read_key_file
+from triton_embed.transport.addresses import Target, parse_upstreams
+from triton_embed.transport.inference import MAX_INPUTS
 
-from triton_embed_server.gateway.addresses import Target, parse_upstreams
 from triton_embed_server.gateway.auth import load_api_key
-from triton_embed_server.gateway.inference import MAX_INPUTS
 from triton_embed_server.gateway.protocol import DEFAULT_HEADER_TIMEOUT_S
 from triton_embed_server.steps.config import CHARS_PER_TOKEN_CAP
 

@@ -41,9 +41,9 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from triton_embed.options import NORMALIZE, Truncation
+from triton_embed.transport import inference
+from triton_embed.transport.catalog import ModelInfo
 
-from triton_embed_server.gateway import inference
-from triton_embed_server.gateway.catalog import ModelInfo
 from triton_embed_server.gateway.errors import BadRequest, Unavailable, quote
 from triton_embed_server.gateway.inputs import (
     FORMS,

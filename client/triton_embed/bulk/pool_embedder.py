@@ -1,14 +1,15 @@
-"""Batches of texts embedded over one or several Triton servers, with the gateway's pool.
+"""Batches of texts embedded over one or several Triton servers, with the transport's pool.
 
 :class:`PoolEmbedder` sends each batch to the ensemble over gRPC through
-:class:`triton_embed_server.gateway.upstreams.UpstreamPool`, the upstream pool the HTTP gateway
+:class:`triton_embed.transport.upstreams.UpstreamPool`, the upstream pool the HTTP gateway
 uses (one implementation): every endpoint is health-checked every 2 s, each call goes to the
 ready server with the fewest calls outstanding, and a call that fails because its server
 died is sent once more to another server at once (embedding is idempotent). On top of that,
 a batch that still fails for a reason that time can cure (every server unreachable, every
 queue full, a deadline) is sent again after a jittered exponential wait
-(:class:`~triton_embed.retry.RetryPolicy`), so a bulk job rides out a server restart.
-Refused input (``INVALID_ARGUMENT``) is never sent again.
+(:meth:`~triton_embed.retry.RetryPolicy.call_async`, :data:`~triton_embed.retry.POOL_RETRYABLE`),
+so a bulk job rides out a server restart. Refused input (``INVALID_ARGUMENT``) is never sent
+again.
 
 :class:`BlockingEmbedder` is the same for synchronous callers (Ray Data actors): the pool
 runs on an event loop in a thread of its own.
@@ -17,35 +18,27 @@ runs on an event loop in a thread of its own.
 from __future__ import annotations
 
 import asyncio
-import random
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from triton_embed_server.gateway import inference
-from triton_embed_server.gateway.addresses import parse_upstreams
-from triton_embed_server.gateway.errors import (
-    BadRequest,
-    GatewayError,
-    Overloaded,
-    Timeout,
-    Unavailable,
-    text_index,
-)
-from triton_embed_server.gateway.metrics import GatewayMetrics
-from triton_embed_server.gateway.upstreams import UpstreamPool
 
+from triton_embed.admin import is_refused
 from triton_embed.codec import decode_embeddings
 from triton_embed.errors import (
     AccessDeniedError,
-    EmbedClientError,
     InvalidInputError,
     ServerUnavailableError,
+    from_transport,
 )
 from triton_embed.options import DEFAULT_EMBEDDING_TYPE, RequestOptions
-from triton_embed.retry import RetryPolicy
+from triton_embed.retry import RetryPolicy, is_pool_retryable
+from triton_embed.transport import inference
+from triton_embed.transport.addresses import parse_upstreams
+from triton_embed.transport.failures import TransportError
+from triton_embed.transport.upstreams import UpstreamPool
 
 #: Seconds :meth:`PoolEmbedder.start` waits for a server with the model READY.
 READY_WAIT_S = 30.0
@@ -145,15 +138,11 @@ class PoolEmbedder:
             ServerUnavailableError: no server had the model READY within ``ready_wait_s``
                 (says what each server answered).
         """
-        from triton_embed.admin import is_refused
-
         try:
             targets = parse_upstreams(self.urls)
         except ValueError as exc:
             raise InvalidInputError(str(exc)) from None
-        self._pool = UpstreamPool(
-            targets, admin_key=self.admin_key, timeout_s=self.timeout_s, metrics=GatewayMetrics()
-        )
+        self._pool = UpstreamPool(targets, admin_key=self.admin_key, timeout_s=self.timeout_s)
         await self._pool.start()
         deadline = time.monotonic() + ready_wait_s
         while (info := self._pool.catalog.resolve(self.model)) is None:
@@ -205,23 +194,23 @@ class PoolEmbedder:
         payloads = [t.encode("utf-8") if isinstance(t, str) else bytes(t) for t in texts]
         t0 = time.perf_counter()
         retries = 0
-        while True:
+
+        def count_retry(error: BaseException, wait_s: float) -> None:
+            nonlocal retries
+            retries += 1
+
+        async def attempt() -> inference.Embeddings:
             info = self._pool.catalog.resolve(self.model) or self.info
-            try:
-                answer = await inference.embed_texts(self._pool, info, payloads, self.parameters)
-                break
-            except BadRequest as exc:
-                index = text_index(exc.message)
-                raise InvalidInputError(exc.message, index=index) from None
-            except (Unavailable, Overloaded, Timeout) as exc:
-                retries += 1
-                if retries > self.retry.retries:
-                    raise ServerUnavailableError(
-                        f"{exc.message} (still failing after {self.retry.retries} retries)"
-                    ) from None
-                await asyncio.sleep(random.uniform(0, self.retry.wait_bound_s(retries)))
-            except GatewayError as exc:
-                raise EmbedClientError(exc.message) from None
+            return await inference.embed_texts(self._pool, info, payloads, self.parameters)
+
+        try:
+            answer = await self.retry.call_async(attempt, on_retry=count_retry)
+        except TransportError as exc:
+            if is_pool_retryable(exc):
+                raise ServerUnavailableError(
+                    f"{exc.message} (still failing after {self.retry.retries} retries)"
+                ) from None
+            raise from_transport(exc) from None
         vectors = decode_embeddings(answer.elements, embedding_type=self.embedding_type)
         return Batch(vectors, answer.num_tokens, time.perf_counter() - t0, retries)
 

@@ -1,4 +1,4 @@
-"""Where the gateway calls the upstreams: split into pieces, send concurrently, reassemble.
+"""Where the upstreams are called: split into pieces, send concurrently, reassemble.
 
 A request's inputs (up to :data:`MAX_INPUTS`) are cut into pieces of the called model's
 ``max_batch_size``, fewer where the step's token budget asks for it
@@ -9,18 +9,19 @@ upstream the pool chooses, and put back together in input order. When the reques
 (its client went away, its deadline passed) the pieces in flight are cancelled, which cancels
 their gRPC calls (``tritonclient.grpc.aio``: Triton then sees a cancelled request), and no more
 are started.
-A failed piece fails the request with the error of
-:func:`~triton_embed_server.gateway.errors.from_upstream`, naming a text by its index in
-the request's inputs.
+A failed piece fails the request with the
+:class:`~triton_embed.transport.failures.TransportError` of
+:func:`~triton_embed.transport.failures.upstream_error`, naming a text by its index in the
+request's inputs.
 
 * :func:`embed_texts`: the ensemble, ``TEXT`` -> ``EMBEDDING``, ``NUM_TOKENS``;
 * :func:`embed_token_ids`: the ensemble's embedder step, ``TOKEN_IDS`` -> ``EMBEDDING``
   (``NUM_TOKENS`` is then the number of IDs of each input);
 * :func:`tokenize`: the ensemble's tokenizer step, ``TEXT`` -> ``TOKEN_IDS``.
 
-The HTTP routes call :func:`embed_texts` through
-:class:`~triton_embed_server.gateway.merging.Merger`, which merges small concurrent requests
-into one call.
+The HTTP gateway's routes call :func:`embed_texts` through its request merging (which
+merges small concurrent requests into one call); the bulk job
+(:mod:`triton_embed.bulk.pool_embedder`) calls it directly.
 """
 
 from __future__ import annotations
@@ -28,16 +29,22 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
-from triton_embed.codec import decode_token_ids, encode_token_ids
-from triton_embed.options import TRUNCATION
 from tritonclient.utils import InferenceServerException
 
-from triton_embed_server.gateway import tensors
-from triton_embed_server.gateway.catalog import Catalog, ModelInfo
-from triton_embed_server.gateway.errors import BadRequest, UpstreamError, from_upstream
+from triton_embed.codec import (
+    bytes_elements,
+    decode_embeddings,
+    decode_token_ids,
+    encode_token_ids,
+    int32_values,
+)
+from triton_embed.options import TRUNCATION
+from triton_embed.transport.catalog import ModelInfo
+from triton_embed.transport.failures import ErrorKind, TransportError, upstream_error
+from triton_embed.transport.upstreams import UpstreamPool
 
 #: The most inputs one request may carry (OpenAI's limit for ``/v1/embeddings``).
 MAX_INPUTS = 2048
@@ -47,22 +54,9 @@ PIECES_IN_FLIGHT = 16
 T = TypeVar("T")
 
 
-class Pool(Protocol):
-    """What the gateway needs of its upstreams (:class:`~.upstreams.UpstreamPool`)."""
-
-    catalog: Catalog
-
-    def any_ready(self) -> bool:
-        """Whether at least one upstream is ready."""
-
-    async def infer(
-        self,
-        model: str,
-        inputs: Mapping[str, Sequence[bytes]],
-        outputs: Sequence[str],
-        parameters: Mapping[str, Any] | None = None,
-    ) -> dict[str, bytes]:
-        """One call; ``{output name: raw bytes}``."""
+#: What the calls here need of the upstreams: ``catalog``, ``any_ready()`` and ``infer(...)``
+#: of :class:`~.upstreams.UpstreamPool` (tests pass a stand-in with the same three).
+Pool = UpstreamPool
 
 
 @dataclass(frozen=True)
@@ -79,8 +73,12 @@ class Embeddings:
     num_tokens: np.ndarray
 
     def matrix(self) -> np.ndarray:
-        """The vectors as float32 ``[n, dim]`` (no text parsing: a view of the bytes)."""
-        return tensors.float32_matrix(self.elements)
+        """The vectors as float32 ``[n, dim]`` (no text parsing: a view of the bytes).
+
+        Raises:
+            ValueError: the payloads differ in length or are not whole float32 values.
+        """
+        return decode_embeddings(self.elements)
 
 
 def pieces(count: int, size: int) -> list[tuple[int, int]]:
@@ -128,24 +126,27 @@ class TokenBudget:
         return sum(min(cap, len(t) + SPECIAL_TOKENS_BOUND) for t in texts)
 
     def check(self, tokens: int, done: int, total: int) -> None:
-        """Raise :class:`~.errors.BadRequest` when ``tokens`` (of ``done`` inputs) is over.
+        """Raise ``OVER_BUDGET`` when ``tokens`` (of ``done`` inputs) is over the budget.
 
         Args:
             tokens: tokens counted so far.
             done: inputs they belong to.
             total: inputs of the request.
+
+        Raises:
+            TransportError: ``OVER_BUDGET``, naming :attr:`field`.
         """
         if tokens <= self.max_tokens:
             return
         counted = (
             "its inputs have" if done >= total else f"the first {done} of its {total} inputs have"
         )
-        raise BadRequest(
+        raise TransportError(
+            ErrorKind.OVER_BUDGET,
             f"the request is over the gateway's token budget: {counted} {tokens} tokens; at "
             f"most {self.max_tokens} tokens are embedded per request (--max-request-tokens); "
             "split the inputs over several requests",
-            param=self.field,
-            code="too_many_tokens",
+            field=self.field,
         )
 
 
@@ -172,7 +173,7 @@ async def _each_piece(
     are cancelled with them) and starts no more.
 
     Raises:
-        GatewayError: a piece failed, or the budget is exhausted (400).
+        TransportError: a piece failed, or the budget is exhausted (``OVER_BUDGET``).
     """
     spans = pieces(count, size)
     if len(spans) == 1:
@@ -222,24 +223,34 @@ async def _call(
     parameters: Mapping[str, Any] | None,
     start: int,
 ) -> dict[str, bytes]:
-    """One piece's upstream call, its failure mapped to the gateway's errors."""
+    """One piece's upstream call, its failure mapped to a :class:`TransportError`."""
     size = len(next(iter(inputs.values())))
     try:
         raw = await pool.infer(model, inputs, outputs, parameters)
     except InferenceServerException as exc:
-        raise from_upstream(exc, offset=start, size=size) from None
-    try:
-        tensors.output_names(raw, outputs)
-    except ValueError as exc:
-        raise UpstreamError(f"model {model!r} answered something unexpected: {exc}") from None
+        raise upstream_error(exc, offset=start, size=size) from None
+    missing = [name for name in outputs if name not in raw]
+    if missing:
+        raise _bad_answer(
+            model,
+            f"the upstream's response lacks {', '.join(missing)} (it has "
+            f"{', '.join(sorted(raw)) or 'no outputs'})",
+        )
     return raw
+
+
+def _bad_answer(model: str, problem: Any) -> TransportError:
+    """``BAD_ANSWER``: ``model`` answered something the transport cannot read."""
+    return TransportError(
+        ErrorKind.BAD_ANSWER, f"model {model!r} answered something unexpected: {problem}"
+    )
 
 
 def _embedding_elements(raw: bytes, count: int, model: str) -> list[memoryview]:
     try:
-        return tensors.bytes_elements(raw, count)
+        return bytes_elements(raw, count)
     except ValueError as exc:
-        raise UpstreamError(f"model {model!r} answered something unexpected: {exc}") from None
+        raise _bad_answer(model, exc) from None
 
 
 async def embed_texts(
@@ -259,8 +270,8 @@ async def embed_texts(
         budget: the request's token budget (``None``: none).
 
     Raises:
-        GatewayError: a piece failed (the server's message; a text named by its index in
-            ``texts``), or the texts are over ``budget`` (400).
+        TransportError: a piece failed (the server's message; a text named by its index in
+            ``texts``), or the texts are over ``budget`` (``OVER_BUDGET``).
     """
 
     async def call(start: int, stop: int) -> tuple[tuple[list[memoryview], np.ndarray], int]:
@@ -274,11 +285,9 @@ async def embed_texts(
         )
         count = stop - start
         try:
-            num_tokens = tensors.int32_values(raw["NUM_TOKENS"], count)
+            num_tokens = int32_values(raw["NUM_TOKENS"], count)
         except ValueError as exc:
-            raise UpstreamError(
-                f"model {model.name!r} answered something unexpected: {exc}"
-            ) from None
+            raise _bad_answer(model.name, exc) from None
         elements = _embedding_elements(raw["EMBEDDING"], count, model.name)
         return (elements, num_tokens), int(num_tokens.sum())
 
@@ -310,9 +319,9 @@ async def embed_token_ids(
             (the IDs are the tokens).
 
     Raises:
-        GatewayError: a piece failed (e.g. an ID outside the vocabulary: the server's
+        TransportError: a piece failed (e.g. an ID outside the vocabulary: the server's
             message, naming the input by its index in ``token_ids``), or the IDs are over
-            ``budget`` (400).
+            ``budget`` (``OVER_BUDGET``).
     """
     if budget is not None:
         budget.check(sum(len(ids) for ids in token_ids), len(token_ids), len(token_ids))
@@ -336,7 +345,7 @@ async def tokenize(
     """The token IDs the ensemble's tokenizer step makes of each text (special tokens included).
 
     Raises:
-        GatewayError: a piece failed (the server's message).
+        TransportError: a piece failed (the server's message).
     """
 
     async def call(start: int, stop: int) -> tuple[list[list[int]], int]:
@@ -347,9 +356,7 @@ async def tokenize(
         try:
             return [decode_token_ids(e) for e in elements], 0
         except ValueError as exc:
-            raise UpstreamError(
-                f"model {model.tokenizer!r} answered something unexpected: {exc}"
-            ) from None
+            raise _bad_answer(model.tokenizer, exc) from None
 
     results = await _each_piece(len(texts), model.tokenizer_max_batch_size, call)
     return [ids for piece in results for ids in piece]

@@ -14,9 +14,10 @@ which the gateway calls directly for token-ID input). What the catalog keeps of 
   ``normalize``, ``dtype`` and ``max_num_batched_tokens`` parameters.
 
 Pooling and normalization are often left empty in the embedder's config ("what the model
-folder states"). The gateway then reads the folder itself when its ``model_path`` is
-absolute or ``pkg://`` and readable on the gateway's host (:func:`folder_facts`, the same
-reader the embedder uses); otherwise they stay unknown.
+folder states"); the pool then asks a facts reader it was given (``facts_reader``): the
+default, :func:`config_facts`, knows only what the config states; the HTTP gateway, which
+may run next to the model folders, passes one that reads the folder too
+(``triton_embed_server.gateway.folder_facts``).
 
 Clients name a model by its ensemble name or its ``served_model_name`` (:meth:`Catalog.resolve`);
 an ensemble name wins over another model's alias.
@@ -24,22 +25,17 @@ an ensemble name wins over another model's alias.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from triton_embed.options import Truncation
-
-from triton_embed_server.steps.config import REQUEST_TEXTS, request_token_budget
-
-log = logging.getLogger("triton_embed.gateway")
+from triton_embed.serving_limits import REQUEST_TEXTS, request_token_budget
 
 EMBEDDING_OUTPUTS = frozenset({"EMBEDDING", "NUM_TOKENS"})
 
 
-def _parameter(config: Mapping[str, Any], key: str) -> str:
+def parameter(config: Mapping[str, Any], key: str) -> str:
     """A model config parameter's string value ("" when absent)."""
     value = (config.get("parameters") or {}).get(key) or {}
     return str(value.get("string_value", "")).strip()
@@ -60,7 +56,7 @@ def _request_tokens(
 
 def _int_parameter(config: Mapping[str, Any], key: str) -> int | None:
     """A whole-number parameter (``None`` when absent, empty, 0 or not a number)."""
-    text = _parameter(config, key)
+    text = parameter(config, key)
     try:
         value = int(text)
     except ValueError:
@@ -83,38 +79,16 @@ class FolderFacts:
     normalize: bool | None = None
 
 
-def folder_facts(embedder_config: Mapping[str, Any]) -> FolderFacts:
-    """Pooling and normalization of an embedder step, from its config or its model folder.
+def config_facts(embedder_config: Mapping[str, Any]) -> FolderFacts:
+    """Pooling and normalization of an embedder step, as its config states them.
 
-    The config's ``pooling`` / ``normalize`` parameters win; empty ones are read from the
-    folder named by ``model_path`` (:func:`triton_embed_server.models.model_spec.read_model_spec`)
-    when that is an absolute path or ``pkg://`` and readable here. A relative path is
-    relative to the server's model repository, which the gateway does not know. Never
-    raises: what cannot be read stays ``None``.
+    The ``pooling`` / ``normalize`` parameters (``true``/``1``/``false``/``0``); an empty
+    or unknown one stays ``None``. Never raises.
     """
-    pooling = _parameter(embedder_config, "pooling").lower() or None
-    normalize_text = _parameter(embedder_config, "normalize").lower()
+    pooling = parameter(embedder_config, "pooling").lower() or None
+    normalize_text = parameter(embedder_config, "normalize").lower()
     normalize = {"true": True, "1": True, "false": False, "0": False}.get(normalize_text)
-    if pooling is not None and normalize is not None:
-        return FolderFacts(pooling, normalize)
-    model_path = _parameter(embedder_config, "model_path")
-    if not (model_path.startswith("pkg://") or Path(model_path).is_absolute()):
-        return FolderFacts(pooling, normalize)
-    try:
-        from triton_embed_server.models.model_files import resolve_model_path
-        from triton_embed_server.models.model_spec import read_model_spec
-
-        spec = read_model_spec(
-            resolve_model_path(model_path),
-            pooling=_parameter(embedder_config, "pooling"),
-            normalize=_parameter(embedder_config, "normalize"),
-        )
-    except Exception as exc:  # a folder on another host, unreadable, or odd: stay unknown
-        log.info(
-            "cannot read the model folder %s here (%s); pooling stays unknown", model_path, exc
-        )
-        return FolderFacts(pooling, normalize)
-    return FolderFacts(spec.pooling.value, spec.normalize)
+    return FolderFacts(pooling, normalize)
 
 
 @dataclass(frozen=True)
@@ -141,7 +115,7 @@ class ModelInfo:
             ``truncation=CHUNK``).
         max_request_tokens: the tokenizer step's token budget per request (its
             ``max_request_tokens`` parameter, or the default of
-            :func:`triton_embed_server.steps.config.request_token_budget`), or ``None`` when the
+            :func:`triton_embed.serving_limits.request_token_budget`), or ``None`` when the
             config does not give ``max_length``.
     """
 
@@ -192,7 +166,8 @@ class ModelInfo:
             config: the ensemble's config, as ``get_model_config(..., as_json=True)["config"]``.
             step_configs: configs of other models by name (its steps'; missing ones are
                 read as ``max_batch_size`` equal to the ensemble's and no parameters).
-            facts: the embedder's pooling and normalization (:func:`folder_facts`).
+            facts: the embedder's pooling and normalization (:func:`config_facts`, or the
+                pool's facts reader).
         """
         if config.get("platform") != "ensemble":
             return None
@@ -213,14 +188,14 @@ class ModelInfo:
             embedder=steps[-1],
             tokenizer_max_batch_size=_max_batch_size(tokenizer_config, max_batch_size),
             embedder_max_batch_size=_max_batch_size(embedder_config, max_batch_size),
-            served_model_name=_parameter(config, "served_model_name") or None,
+            served_model_name=parameter(config, "served_model_name") or None,
             dimension=_int_parameter(config, "dimension"),
             max_length=max_length,
             pooling=facts.pooling,
             normalize=facts.normalize,
-            dtype=_parameter(embedder_config, "dtype") or "float32",
+            dtype=parameter(embedder_config, "dtype") or "float32",
             max_batch_tokens=_int_parameter(embedder_config, "max_num_batched_tokens"),
-            allow_empty=_parameter(tokenizer_config, "allow_empty").lower() in ("true", "1"),
+            allow_empty=parameter(tokenizer_config, "allow_empty").lower() in ("true", "1"),
             max_chunks=max_chunks,
             max_request_tokens=_request_tokens(tokenizer_config, max_length, max_chunks),
         )

@@ -9,7 +9,7 @@ request).
 Every :data:`HEALTH_INTERVAL_S` seconds each upstream is checked: ``is_server_ready``, then
 the models it has READY (the repository index) and their configs (both restricted APIs:
 sent with the admin key, :mod:`triton_embed.admin`). The configs become the
-:class:`~triton_embed_server.gateway.catalog.Catalog`.
+:class:`~triton_embed.transport.catalog.Catalog`.
 
 A request's upstream is the ready one that has the model READY with the fewest requests
 outstanding from this gateway (least outstanding requests; ties rotate). A call that fails
@@ -20,6 +20,9 @@ when it answers ready again. A queue refusal ("Exceeds maximum queue size") is s
 more to another upstream too, without taking the refusing one out. A model the upstream no
 longer has (gRPC ``NOT_FOUND``) is dropped from its models and the call goes elsewhere.
 Every other error (bad input, deadline) is final.
+
+What the pool meets (upstreams in and out, calls sent again) goes to its observer
+(:mod:`~triton_embed.transport.observer`): the HTTP gateway's metrics, or nobody.
 """
 
 from __future__ import annotations
@@ -31,21 +34,21 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from triton_embed.admin import grpc_headers, is_refused
-from triton_embed.errors import QUEUE_FULL
+import numpy as np
 
-from triton_embed_server.gateway import tensors
-from triton_embed_server.gateway.addresses import Target, address, resolve
-from triton_embed_server.gateway.catalog import Catalog, FolderFacts, ModelInfo, folder_facts
-from triton_embed_server.gateway.errors import (
-    Unavailable,
-    is_connection_failure,
-    is_model_missing,
-    is_queue_refusal,
-    upstream_message,
-    upstream_status,
+from triton_embed.admin import grpc_headers, is_refused
+from triton_embed.transport.addresses import Target, address, resolve
+from triton_embed.transport.catalog import Catalog, FolderFacts, ModelInfo, config_facts
+from triton_embed.transport.failures import (
+    QUEUE_FULL,
+    ErrorKind,
+    TransportError,
+    classify,
+    server_message,
+    short_message,
+    status_name,
 )
-from triton_embed_server.gateway.metrics import GatewayMetrics
+from triton_embed.transport.observer import NO_OBSERVER, PoolObserver
 
 log = logging.getLogger("triton_embed.gateway")
 
@@ -82,6 +85,38 @@ def grpc_client(url: str) -> Any:
     from tritonclient.grpc.aio import InferenceServerClient
 
     return InferenceServerClient(url, channel_args=list(CHANNEL_ARGS))
+
+
+def bytes_input(name: str, elements: Sequence[bytes]) -> Any:
+    """A ``tritonclient.grpc.InferInput`` ``[n, 1]`` ``BYTES`` holding ``elements``.
+
+    Built from a numpy ``object`` array (a ``numpy.bytes_`` array strips trailing ``0x00``
+    bytes).
+    """
+    from tritonclient.grpc import InferInput
+
+    array = np.empty((len(elements), 1), dtype=object)
+    array[:, 0] = elements
+    tensor = InferInput(name, [len(elements), 1], "BYTES")
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+def raw_outputs(response: Any) -> dict[str, bytes]:
+    """``{output name: raw bytes}`` of a ``ModelInferResponse`` (gRPC ``raw_output_contents``).
+
+    Triton lists the outputs in its own order (``NUM_TOKENS`` may come before
+    ``EMBEDDING``), so they are taken by name; :mod:`triton_embed.codec` reads the bytes.
+    """
+    return {
+        output.name: raw
+        for output, raw in zip(response.outputs, response.raw_output_contents, strict=False)
+    }
+
+
+def _one_line(exc: BaseException) -> str:
+    """The server's message of ``exc`` on one line, at most 300 characters (for ``problem``)."""
+    return " ".join(short_message(server_message(exc)).split())[:300]
 
 
 class Upstream:
@@ -121,10 +156,12 @@ class UpstreamPool:
         targets: the ``--upstream`` entries.
         admin_key: the servers' admin key (for the repository index and configs), or ``None``.
         timeout_s: deadline of one inference call, seconds.
-        metrics: where upstream health and retries are counted.
+        observer: told of upstream health and retries (:class:`~.observer.PoolObserver`;
+            the gateway's metrics); default: nobody.
         client_factory: ``url -> InferenceServerClient`` (tests pass a fake).
         resolver: ``async (host, port) -> [ip, ...]`` (tests pass a fake).
-        facts_reader: ``embedder config -> FolderFacts`` (:func:`folder_facts`).
+        facts_reader: ``embedder config -> FolderFacts`` (default
+            :func:`~.catalog.config_facts`; the gateway passes one that reads model folders).
     """
 
     def __init__(
@@ -133,16 +170,16 @@ class UpstreamPool:
         *,
         admin_key: str | None,
         timeout_s: float,
-        metrics: GatewayMetrics,
+        observer: PoolObserver = NO_OBSERVER,
         client_factory: Callable[[str], Any] = grpc_client,
         resolver: Callable[[str, int], Awaitable[list[str]]] | None = None,
-        facts_reader: Callable[[Mapping[str, Any]], FolderFacts] = folder_facts,
+        facts_reader: Callable[[Mapping[str, Any]], FolderFacts] = config_facts,
         health_interval_s: float = HEALTH_INTERVAL_S,
         resolve_interval_s: float = RESOLVE_INTERVAL_S,
     ):
         self.targets = list(targets)
         self.timeout_s = timeout_s
-        self.metrics = metrics
+        self.observer = observer
         self._headers = grpc_headers(admin_key) or None
         self._client_factory = client_factory
         self._resolver = resolver or resolve
@@ -214,11 +251,11 @@ class UpstreamPool:
         for addr, target in wanted.items():
             if addr not in self.upstreams:
                 self.upstreams[addr] = Upstream(addr, target, self._client_factory(addr))
-                self.metrics.set_upstream(addr, False)
+                self.observer.set_upstream(addr, False)
                 log.info("upstream %s (from %s) added", addr, target)
         for addr in [a for a in self.upstreams if a not in wanted]:
             upstream = self.upstreams.pop(addr)
-            self.metrics.forget_upstream(addr)
+            self.observer.forget_upstream(addr)
             log.info("upstream %s removed: %s no longer resolves to it", addr, upstream.target)
             task = asyncio.create_task(_close_later(upstream.client, CLOSE_GRACE_S))
             self._closing.add(task)
@@ -247,8 +284,8 @@ class UpstreamPool:
                 )
                 configs[name] = config.get("config", {})
         except Exception as exc:  # tritonclient errors, a closed channel
-            message = upstream_message(exc)
-            if upstream_status(exc) == "DEADLINE_EXCEEDED" and upstream.ready:
+            message = short_message(server_message(exc))
+            if status_name(exc) == "DEADLINE_EXCEEDED" and upstream.ready:
                 upstream.slow_checks += 1
                 if upstream.slow_checks <= SLOW_CHECKS_TOLERATED:
                     log.warning(
@@ -266,7 +303,7 @@ class UpstreamPool:
                     "--admin-key-file, or the default key file of the user running it)",
                     upstream.address,
                 )
-            self._set_out(upstream, " ".join(message.split())[:300])
+            self._set_out(upstream, _one_line(exc))
             return
         if stale:
             upstream.configs_read_at = time.monotonic()
@@ -278,7 +315,7 @@ class UpstreamPool:
         upstream.ready = True
         upstream.problem = ""
         upstream.slow_checks = 0
-        self.metrics.set_upstream(upstream.address, True)
+        self.observer.set_upstream(upstream.address, True)
 
     def _set_out(self, upstream: Upstream, problem: str) -> None:
         """Take ``upstream`` out of use until a health check finds it ready."""
@@ -286,7 +323,7 @@ class UpstreamPool:
             log.warning("upstream %s taken out: %s", upstream.address, problem)
         upstream.ready = False
         upstream.problem = problem
-        self.metrics.set_upstream(upstream.address, False)
+        self.observer.set_upstream(upstream.address, False)
 
     def _rebuild_catalog(self) -> None:
         infos = []
@@ -352,17 +389,18 @@ class UpstreamPool:
             parameters: KServe v2 request parameters.
 
         Returns:
-            ``{output name: raw bytes}`` (:func:`~triton_embed_server.gateway.tensors.raw_outputs`).
+            ``{output name: raw bytes}`` (:func:`raw_outputs`).
 
         Raises:
-            Unavailable: no ready upstream has ``model`` READY.
+            TransportError: ``NO_UPSTREAM``: no ready upstream has ``model`` READY, or the
+                channel closed under the call.
             Exception: the ``tritonclient`` error of the last attempt (the caller maps it,
-                :func:`~triton_embed_server.gateway.errors.from_upstream`).
+                :func:`~triton_embed.transport.failures.upstream_error`).
         """
         from tritonclient.grpc import InferRequestedOutput
         from tritonclient.utils import InferenceServerException
 
-        tensors_in = [tensors.bytes_input(name, elements) for name, elements in inputs.items()]
+        tensors_in = [bytes_input(name, elements) for name, elements in inputs.items()]
         requested = [InferRequestedOutput(name) for name in outputs]
         tried: list[Upstream] = []
         error: BaseException | None = None
@@ -371,7 +409,7 @@ class UpstreamPool:
             if upstream is None:
                 break
             if attempt:
-                self.metrics.retries.inc()
+                self.observer.count_retry()
             tried.append(upstream)
             upstream.outstanding += 1
             try:
@@ -391,26 +429,29 @@ class UpstreamPool:
                 continue
             finally:
                 upstream.outstanding -= 1
-            return tensors.raw_outputs(result.get_response())
+            return raw_outputs(result.get_response())
         if isinstance(error, InferenceServerException):
             raise error
         if error is not None:  # a channel closed under the call: the upstream was removed
-            raise Unavailable(f"no upstream could take the call: {error}")
+            raise TransportError(ErrorKind.NO_UPSTREAM, f"no upstream could take the call: {error}")
         if not self.any_ready():
-            raise Unavailable("no upstream is ready; retry later")
-        raise Unavailable(f"no ready upstream has the model {model!r} READY; retry later")
+            raise TransportError(ErrorKind.NO_UPSTREAM, "no upstream is ready; retry later")
+        raise TransportError(
+            ErrorKind.NO_UPSTREAM, f"no ready upstream has the model {model!r} READY; retry later"
+        )
 
     def _may_retry(self, upstream: Upstream, model: str, exc: BaseException) -> bool:
         """Whether a failed call may go to another upstream; takes a dead upstream out."""
-        if is_queue_refusal(exc):
-            return QUEUE_FULL in upstream_message(exc)  # a queue timeout already waited 30 s
-        if is_model_missing(exc):
+        failure = classify(exc)
+        if failure.kind is ErrorKind.OVERLOADED:
+            return QUEUE_FULL in failure.message  # a queue timeout already waited 30 s
+        if failure.kind is ErrorKind.MODEL_MISSING:
             upstream.models = upstream.models - {model}
             return True
         if _is_closed_channel(exc):  # the upstream was removed while the call started
             return True
-        if is_connection_failure(exc):
-            self._set_out(upstream, " ".join(upstream_message(exc).split())[:300])
+        if failure.kind is ErrorKind.UNREACHABLE:
+            self._set_out(upstream, _one_line(exc))
             return True
         return False
 

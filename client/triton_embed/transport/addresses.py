@@ -1,9 +1,11 @@
-"""The upstream addresses: ``--upstream HOST:PORT[,HOST:PORT...]`` entries and their DNS names.
+"""Addresses of Triton servers: the client's ``host:port``, the pool's entries and DNS names.
 
-An entry is a host (a name, an IPv4 address, or an IPv6 address in brackets) and a gRPC
-port. A name stands for every address it resolves to (A and AAAA records, :func:`resolve`),
-so the pods behind a headless Kubernetes Service are each an upstream; the pool resolves
-names again every few seconds (:mod:`~triton_embed_server.gateway.upstreams`).
+The client library dials one gRPC ``host:port`` (:data:`DEFAULT_URL`, :func:`check_url`).
+The upstream pool takes ``--upstream HOST:PORT[,HOST:PORT...]`` entries: an entry is a host
+(a name, an IPv4 address, or an IPv6 address in brackets) and a gRPC port. A name stands for
+every address it resolves to (A and AAAA records, :func:`resolve`), so the pods behind a
+headless Kubernetes Service are each an upstream; the pool resolves names again every few
+seconds (:mod:`~triton_embed.transport.upstreams`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,32 @@ import ipaddress
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from triton_embed.errors import InvalidInputError
+
+#: Where the client library looks for a server: Triton's default gRPC port on loopback.
+DEFAULT_URL = "127.0.0.1:8001"
+#: The ensemble the client library calls unless told otherwise.
+DEFAULT_MODEL = "embed"
+
+
+def check_url(url: str) -> str:
+    """Check that ``url`` is a gRPC ``host:port``, as ``tritonclient.grpc`` takes it.
+
+    Returns:
+        ``url`` unchanged.
+
+    Raises:
+        InvalidInputError: ``url`` has a scheme (``http://...``), which gRPC would try to
+            resolve as a host name ("Misformatted domain name"); the message says what to pass.
+    """
+    if "://" in url:
+        host_port = url.split("://", 1)[1].rstrip("/")
+        raise InvalidInputError(
+            f"url {url!r} has a scheme: pass host:port of the server's gRPC port (8001 by "
+            f"default), without http://, e.g. {host_port or DEFAULT_URL!r}"
+        )
+    return url
 
 
 @dataclass(frozen=True)

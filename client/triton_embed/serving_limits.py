@@ -1,0 +1,38 @@
+"""Serving limits that the steps and the callers of the ensemble share.
+
+The tokenizer and embedder steps size their default token budget per request from these
+(:mod:`triton_embed_server.steps.config` imports them); the transport's model catalog
+(:mod:`triton_embed.transport.catalog`) computes the same default for a step whose config
+does not state ``max_request_tokens``. One definition, so both agree.
+"""
+
+from __future__ import annotations
+
+#: Texts in one request of the ``embed`` ensemble at most (its shipped and rendered
+#: ``max_batch_size``): the embedder's default token budget per request is derived from it.
+REQUEST_TEXTS = 64
+#: The stated cap of the default token budget per request: the longest batch one embedder
+#: replica is sized to run within its queue timeout (the embedder config's queue policy:
+#: 256 texts x 256 tokens = 65,536 tokens at 3,500 tokens/s = 18.7 s, under 30 s).
+REQUEST_TOKENS_CAP = 65_536
+
+
+def request_token_budget(texts: int, max_length: int, max_chunks: int) -> int:
+    """The default token budget of one request, all its texts and windows together.
+
+    ``min(texts x max_length x max_chunks, REQUEST_TOKENS_CAP)``: the most tokens a request
+    of ``texts`` texts can carry when every text is cut into the most windows
+    ``truncation=CHUNK`` allows (64 x 256 x 16 = 262,144 for the shipped model), capped at
+    :data:`REQUEST_TOKENS_CAP` (65,536: a full request of un-chunked texts, 64 x 256 =
+    16,384 tokens, always fits; OpenAI caps a request at 300,000). The parameter
+    ``max_request_tokens`` of both steps sets another budget.
+
+    Args:
+        texts: texts per request (``max_batch_size``; at least 1 is counted).
+        max_length: tokens per text (per window with ``truncation=CHUNK``).
+        max_chunks: windows per text with ``truncation=CHUNK``.
+
+    Returns:
+        The budget, tokens.
+    """
+    return min(max(1, texts) * max_length * max_chunks, REQUEST_TOKENS_CAP)

@@ -35,7 +35,7 @@ from perf.contenders.sentence_transformers import sentence_transformers_encode
 from perf.contenders.triton_pa import perf_analyzer
 from perf.contenders.vllm_server import VllmServer, vllm_load
 from perf.corpora import MIXED, corpus, label, mixed_corpus
-from perf.report import save
+from perf.report import recorder, save
 
 LENGTHS = (50, 256, MIXED)
 ROUNDS = 2
@@ -78,8 +78,6 @@ def run_alternatives(
     Returns:
         The rows (``round`` set in each).
     """
-    from perf.bench import recorder  # bench imports this module for its --mode
-
     lengths = list(lengths or LENGTHS)
     texts = {n: corpus(n) for n in lengths}
     counts = {MIXED: list(mixed_corpus()[1])} if MIXED in lengths else {}

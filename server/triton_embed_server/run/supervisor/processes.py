@@ -58,6 +58,28 @@ def stub_instance_name(cmdline: list[str]) -> str | None:
     return cmdline[8]
 
 
+def live_descendants(pid: int) -> list[tuple[object, list[str]]]:
+    """The live processes below ``pid`` (zombies and processes gone meanwhile left out).
+
+    Returns:
+        ``[(psutil.Process, command line)]``; empty when ``pid`` is gone.
+    """
+    import psutil
+
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    out = []
+    for child in children:
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                out.append((child, child.cmdline()))
+        except psutil.Error:
+            continue
+    return out
+
+
 def child_stubs(server_pid: int) -> dict[int, tuple[object, str, str | None]]:
     """The live stub processes below ``server_pid`` (zombies left out).
 
@@ -65,20 +87,8 @@ def child_stubs(server_pid: int) -> dict[int, tuple[object, str, str | None]]:
         ``{pid: (psutil.Process, model name, /dev/shm region)}``; empty when the server is
         gone.
     """
-    import psutil
-
     out: dict[int, tuple[object, str, str | None]] = {}
-    try:
-        children = psutil.Process(server_pid).children(recursive=True)
-    except psutil.Error:
-        return out
-    for child in children:
-        try:
-            if child.status() == psutil.STATUS_ZOMBIE:
-                continue
-            cmdline = child.cmdline()
-        except psutil.Error:
-            continue
+    for child, cmdline in live_descendants(server_pid):
         model = stub_model_name(cmdline)
         if model:
             out[child.pid] = (child, model, stub_shm_region(cmdline))
@@ -92,20 +102,9 @@ def tritonserver_below(pid: int):
         A ``psutil.Process`` whose command is a ``tritonserver`` binary (zombies left out);
         None when there is none, or ``pid`` is gone.
     """
-    import psutil
-
-    try:
-        children = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return None
-    for child in children:
-        try:
-            cmdline = child.cmdline()
-            if cmdline and Path(cmdline[0]).name == "tritonserver":
-                if child.status() != psutil.STATUS_ZOMBIE:
-                    return child
-        except psutil.Error:
-            continue
+    for child, cmdline in live_descendants(pid):
+        if cmdline and Path(cmdline[0]).name == "tritonserver":
+            return child
     return None
 
 

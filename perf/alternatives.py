@@ -35,7 +35,7 @@ from perf.contenders.sentence_transformers import sentence_transformers_encode
 from perf.contenders.triton_pa import perf_analyzer
 from perf.contenders.vllm_server import VllmServer, vllm_load
 from perf.corpora import MIXED, corpus, label, mixed_corpus
-from perf.report import save
+from perf.report import recorder, save
 
 LENGTHS = (50, 256, MIXED)
 ROUNDS = 2
@@ -78,8 +78,6 @@ def run_alternatives(
     Returns:
         The rows (``round`` set in each).
     """
-    from perf.bench import recorder  # bench imports this module for its --mode
-
     lengths = list(lengths or LENGTHS)
     texts = {n: corpus(n) for n in lengths}
     counts = {MIXED: list(mixed_corpus()[1])} if MIXED in lengths else {}
@@ -104,7 +102,7 @@ def run_alternatives(
             vllm_url = f"http://127.0.0.1:{vllm.port}/v1/embeddings"
 
             def measure(contender: str, n: int, b: int, c: int) -> dict:
-                sent = texts[n][0]
+                sent, tokens = texts[n][0], counts.get(n)
                 if contender == "sentence_transformers":
                     return sentence_transformers_encode(n, seconds)
                 if contender == "engine":
@@ -118,12 +116,12 @@ def run_alternatives(
                     url = infinities[contender.split("_")[1]].url
                     return embeddings_load(
                         url, sent, b, c, seconds, "base64",
-                        model=SERVED_MODEL, options={}, text_tokens=counts.get(n),
+                        model=SERVED_MODEL, options={}, text_tokens=tokens,
                     )  # fmt: skip
                 if contender == "vllm_base64":
-                    return vllm_load(vllm_url, sent, b, c, seconds, "base64", counts.get(n))
+                    return vllm_load(vllm_url, sent, b, c, seconds, "base64", text_tokens=tokens)
                 url = merging.url if "merge" in contender else gateway.url
-                return gateway_load(url, sent, b, c, seconds, "base64", counts.get(n))
+                return gateway_load(url, sent, b, c, seconds, "base64", text_tokens=tokens)
 
             for k in range(1, rounds + 1):
                 for n in lengths:

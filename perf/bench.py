@@ -45,7 +45,6 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from triton_embed_server.run.launcher import REPO_ROOT, TritonServer
@@ -57,8 +56,8 @@ from perf.contenders.gateway import GatewayServer, gateway_load
 from perf.contenders.triton_client import client_library
 from perf.contenders.triton_pa import perf_analyzer
 from perf.contenders.vllm_server import VllmServer, vllm_load
-from perf.corpora import MIXED, corpus, label, mixed_corpus, parse_lengths
-from perf.report import compare, save, summarize, summarize_rounds
+from perf.corpora import MIXED, corpus, mixed_corpus, parse_lengths
+from perf.report import compare, recorder, save, summarize, summarize_rounds
 
 FORMATS = ("float", "base64")  # the OpenAI encoding_format values, both measured
 # --mode gateway: the order of the contenders at each point of each round
@@ -97,37 +96,6 @@ MODES = {
     # (issue 16): perf/alternatives.py holds its plan.
     "alternatives": {"lengths": [50, 256, 0], "rounds": 2},
 }
-
-
-def recorder(texts: dict[int, tuple[list[str], float]], rows: list[dict]) -> Callable:
-    """``record(contender, length, batch, conc, result, **extra)``: a row into ``rows``, printed.
-
-    ``tokens_per_text`` is the mean over the texts actually sent where the contender measured
-    it (mixed lengths), else the corpus's (exact-length texts); ``extra`` (``round``) is
-    stored in the row.
-    """
-
-    def record(contender, length, batch, conc, result, **extra):
-        per_text = result.pop("tokens_per_text", None) or texts[length][1]
-        row = {
-            "contender": contender,
-            "length": length,
-            "batch": batch,
-            "concurrency": conc,
-            "tokens_per_text": per_text,
-            **extra,
-            **result,
-            "tokens_s": result["texts_s"] * per_text,
-        }
-        rows.append(row)
-        print(
-            f"{contender:14s} len={label(length):>5s} batch={batch:2d} conc={conc:2d} "
-            f"{row['tokens_s']:9.0f} tokens/s  p99={row['p99_ms'] or 0:8.1f} ms  "
-            f"errors={row['errors']}" + "".join(f"  {k}={v}" for k, v in extra.items()),
-            flush=True,
-        )
-
-    return record
 
 
 def run(mode: str, out_dir: Path, lengths: list[int] | None = None) -> list[dict]:

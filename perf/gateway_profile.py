@@ -35,7 +35,11 @@ import psutil
 from triton_embed_server.run.launcher import TritonServer
 
 from perf.contenders.gateway import GatewayServer, gateway_load
-from perf.contenders.triton_pa import perf_analyzer_command, write_input_data
+from perf.contenders.triton_pa import (
+    background_load_options,
+    perf_analyzer_command,
+    write_input_data,
+)
 from perf.corpora import exact_texts
 
 # Where a sampled stack belongs: the category of its innermost frame that matches one.
@@ -214,7 +218,6 @@ def main() -> int:
         tempfile.TemporaryDirectory() as tmp,
     ):
         # pass 0: perf_analyzer (C++, gRPC) at the same load: the server without the gateway
-        window_ms = str(int(args.seconds * 5000))
         data = write_input_data(Path(tmp, "data.json"), texts)
         analyzer = subprocess.Popen(
             perf_analyzer_command(
@@ -222,12 +225,7 @@ def main() -> int:
                 data,
                 "-b",
                 str(args.batch),
-                "--concurrency-range",
-                str(args.concurrency),
-                "--measurement-interval",
-                window_ms,
-                "-p",
-                window_ms,
+                *background_load_options(args.concurrency, args.seconds),
                 admin_key=server.admin_key,
             ),
             stdout=subprocess.DEVNULL,

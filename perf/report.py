@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 
 from perf.contenders import CONTENDERS
@@ -43,6 +44,37 @@ def save(rows: list[dict], out_dir: Path, stem: str, **meta) -> None:
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
+
+
+def recorder(texts: dict[int, tuple[list[str], float]], rows: list[dict]) -> Callable:
+    """``record(contender, length, batch, conc, result, **extra)``: a row into ``rows``, printed.
+
+    ``tokens_per_text`` is the mean over the texts actually sent where the contender measured
+    it (mixed lengths), else the corpus's (exact-length texts); ``extra`` (``round``) is
+    stored in the row.
+    """
+
+    def record(contender, length, batch, conc, result, **extra):
+        per_text = result.pop("tokens_per_text", None) or texts[length][1]
+        row = {
+            "contender": contender,
+            "length": length,
+            "batch": batch,
+            "concurrency": conc,
+            "tokens_per_text": per_text,
+            **extra,
+            **result,
+            "tokens_s": result["texts_s"] * per_text,
+        }
+        rows.append(row)
+        print(
+            f"{contender:14s} len={label(length):>5s} batch={batch:2d} conc={conc:2d} "
+            f"{row['tokens_s']:9.0f} tokens/s  p99={row['p99_ms'] or 0:8.1f} ms  "
+            f"errors={row['errors']}" + "".join(f"  {k}={v}" for k, v in extra.items()),
+            flush=True,
+        )
+
+    return record
 
 
 def best(rows: list[dict], contender: str, length: int, batch: int | None = None) -> float:

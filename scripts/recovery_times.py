@@ -29,86 +29,19 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import psutil
 import tritonclient.grpc as grpcclient
-from triton_embed_server.run.launcher import REPO_ROOT, free_port
+from triton_embed_server.run.supervised_server import SupervisedServer
 
 CASES = ("embedder-stub", "tokenizer-stub", "server-sigkill", "server-sigabrt")
 STREAK = 12
 TIMEOUT_S = 600
-
-
-class Supervised:
-    """The supervisor and its server on free loopback ports, output to a log file."""
-
-    def __init__(self, log_path: Path, own_args: list[str]):
-        self.ports = {name: free_port() for name in ("http", "grpc", "metrics")}
-        self.log_path = log_path
-        command = [sys.executable, "-m", "triton_embed_server.run.supervisor", *own_args, "--"]
-        command += ["--model-repository", str(REPO_ROOT / "model_repository")]
-        for name, port in self.ports.items():
-            command += [f"--{name}-address", "127.0.0.1", f"--{name}-port", str(port)]
-        with open(log_path, "wb") as log:
-            self.process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-
-    def log(self) -> str:
-        """The whole log so far."""
-        return self.log_path.read_text(errors="replace")
-
-    def supervisor_lines(self) -> list[str]:
-        """The supervisor's own lines of the log."""
-        return [line for line in self.log().splitlines() if line.startswith("[supervisor]")]
-
-    def wait_for_line(self, needle: str, count: int) -> None:
-        """Until ``count`` supervisor lines contain ``needle``.
-
-        Raises:
-            RuntimeError: the supervisor exited, or ``TIMEOUT_S`` passed.
-        """
-        deadline = time.monotonic() + TIMEOUT_S
-        while sum(needle in line for line in self.supervisor_lines()) < count:
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"no {needle!r} (#{count}):\n{self.log()[-4000:]}")
-            time.sleep(0.2)
-
-    def server(self) -> psutil.Process:
-        """The tritonserver process running now."""
-        (child,) = psutil.Process(self.process.pid).children()
-        return child
-
-    def ready(self) -> bool:
-        """``/v2/health/ready`` answers 200."""
-        url = f"http://127.0.0.1:{self.ports['http']}/v2/health/ready"
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        """SIGTERM the supervisor, then SIGKILL whatever is left in its session."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        if self.process.poll() is None:
-            self.process.wait()
 
 
 def embed_once(client=None, url: str = "") -> bool:
@@ -131,7 +64,7 @@ def embed_once(client=None, url: str = "") -> bool:
         return False
 
 
-def measure(sup: Supervised, case: str, index: int) -> dict[str, float | str]:
+def measure(sup: SupervisedServer, case: str, index: int) -> dict[str, float | str]:
     """Kill what ``case`` names, probe until recovered, return the times."""
     server = sup.server()
     if case.endswith("-stub"):
@@ -212,10 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     log_path = Path(tempfile.mkstemp(prefix="recovery-", suffix=".log")[1])
     # Every restart with the first backoff (1 s), so that the repeats measure the same thing.
     own = ["--max-restarts", str(restarts + 1), "--restart-backoff-max-s", "1"]
-    sup = Supervised(log_path, own)
+    sup = SupervisedServer(log_path, own)
     rows = []
     try:
-        sup.wait_for_line("watching stub processes", 1)
+        sup.wait_for_line("watching stub processes", 1, TIMEOUT_S)
         for case in cases:
             for i in range(args.repeats):
                 rows.append(measure(sup, case, i))

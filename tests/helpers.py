@@ -85,12 +85,6 @@ def tree_rss_mib(process) -> float:
     Shared pages (a Python-backend region mapped by the server and a stub) count once per
     process that maps them.
     """
-    import psutil
+    from triton_embed_server.run.supervisor.processes import tree_rss_bytes
 
-    total = 0
-    for p in [process, *process.children(recursive=True)]:
-        try:
-            total += p.memory_info().rss
-        except psutil.Error:
-            pass
-    return total / 2**20
+    return tree_rss_bytes(process) / 2**20

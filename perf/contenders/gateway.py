@@ -11,6 +11,7 @@ truncation field differ.
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import time
@@ -28,41 +29,10 @@ TRUNCATION = {"truncate": "END"}
 READY_TIMEOUT_S = 60.0
 
 
-def gateway_load(
-    url: str,
-    texts: list[str],
-    batch: int,
-    conc: int,
-    seconds: float,
-    fmt: str,
-    text_tokens: list[int] | None = None,
-) -> dict:
-    """Load the gateway's ``/v1/embeddings`` with ``conc`` requests of ``batch`` texts in flight.
-
-    Args:
-        url: the gateway's ``/v1/embeddings`` URL (:attr:`GatewayServer.url`).
-        texts: texts to send, in turn.
-        batch: texts per request.
-        conc: requests in flight.
-        seconds: measurement time.
-        fmt: ``encoding_format`` asked for, ``float`` or ``base64``; every vector is decoded.
-        text_tokens: tokens of each text (after truncation); the result's
-            ``tokens_per_text`` is then the mean over the texts actually sent.
-
-    Returns:
-        A contender result.
-    """
-    return embeddings_load(
-        url,
-        texts,
-        batch,
-        conc,
-        seconds,
-        fmt,
-        model=ENSEMBLE,
-        options=TRUNCATION,
-        text_tokens=text_tokens,
-    )
+# ``gateway_load(url, texts, batch, conc, seconds, fmt, text_tokens=None)``: the gateway's
+# ``/v1/embeddings`` (:attr:`GatewayServer.url`) loaded by
+# :func:`~perf.contenders.openai_load.embeddings_load`, naming the ensemble and truncating at END.
+gateway_load = functools.partial(embeddings_load, model=ENSEMBLE, options=TRUNCATION)
 
 
 class GatewayServer:

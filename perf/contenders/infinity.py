@@ -20,14 +20,13 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
 import numpy as np
-from triton_embed_server.run.launcher import REPO_ROOT, free_port
+from triton_embed_server.run.launcher import REPO_ROOT, free_port, stop_process
 
-from perf.contenders.openai_load import decode, request_body
+from perf.contenders.openai_load import decode, request_body, wait_healthy
 from perf.corpora import MAX_TOKENS, MODEL
 
 HERE = REPO_ROOT / "perf" / ".infinity"
@@ -88,18 +87,10 @@ class InfinityServer:
             cmd, cwd=cwd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
             start_new_session=True,
         )  # fmt: skip
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"Infinity ({self.engine}) exited:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2):
-                    break
-            except OSError:
-                time.sleep(1)
-        else:
+        problem = wait_healthy(self.proc, f"http://127.0.0.1:{self.port}/health", 300)
+        if problem:
             self.__exit__()
-            raise RuntimeError(f"Infinity ({self.engine}) not ready:\n{self.log_tail()}")
+            raise RuntimeError(f"Infinity ({self.engine}) {problem}:\n{self.log_tail()}")
         try:
             self.check_vectors()
         except BaseException:
@@ -137,10 +128,4 @@ class InfinityServer:
         return Path(self.log.name).read_text(errors="replace")[-chars:]
 
     def __exit__(self, *exc) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 30)

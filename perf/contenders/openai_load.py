@@ -10,10 +10,36 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import subprocess
 import time
+import urllib.request
 from typing import Any
 
 import numpy as np
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float) -> str | None:
+    """Poll ``GET url`` (a server's health route) every second until it answers.
+
+    Args:
+        proc: the server's process.
+        url: its health URL.
+        timeout_s: how long to wait.
+
+    Returns:
+        ``None`` once it answered; ``"exited"`` if ``proc`` exited first, ``"not ready"`` if
+        ``timeout_s`` passed.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return "exited"
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return None
+        except OSError:
+            time.sleep(1)
+    return "not ready"
 
 
 def request_body(texts: list[str], fmt: str, model: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -72,26 +98,12 @@ def embeddings_load(
     Returns:
         A contender result; with errors, ``detail`` holds the first one.
     """
-    return asyncio.run(_load(url, texts, batch, conc, seconds, fmt, model, options, text_tokens))
-
-
-async def _load(
-    url: str,
-    texts: list[str],
-    batch: int,
-    conc: int,
-    seconds: float,
-    fmt: str,
-    model: str,
-    options: dict[str, Any],
-    text_tokens: list[int] | None,
-) -> dict:
     import aiohttp
 
+    deadline = time.perf_counter() + seconds
     latencies: list[float] = []
     counts = {"texts": 0, "errors": 0, "tokens": 0}
     problems: list[str] = []
-    deadline = time.perf_counter() + seconds
 
     async def worker(session, k):
         i = k
@@ -116,11 +128,14 @@ async def _load(
             counts["texts"] += len(chunk)
             counts["tokens"] += sum(text_tokens[x] for x in idx) if text_tokens else 0
 
-    connector = aiohttp.TCPConnector(limit=conc)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker(session, k) for k in range(conc)))
-        dt = time.perf_counter() - t0
+    async def run() -> float:
+        connector = aiohttp.TCPConnector(limit=conc)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            t0 = time.perf_counter()
+            await asyncio.gather(*(worker(session, k) for k in range(conc)))
+            return time.perf_counter() - t0
+
+    dt = asyncio.run(run())
     lat = np.asarray(latencies) * 1000
     result = {
         "texts_s": counts["texts"] / dt,

@@ -60,6 +60,19 @@ def perf_analyzer_command(
     ]  # fmt: skip
 
 
+def background_load_options(concurrency: int, seconds: float) -> list[str]:
+    """perf_analyzer options for a load that runs under a profile of ``seconds``.
+
+    ``concurrency`` requests in flight; time windows (``--measurement-interval`` and the
+    ``-p`` stability window) of ``5 x seconds``, in ms, so the load outlasts the profile.
+    """
+    window_ms = str(int(seconds * 5000))
+    return [
+        "--concurrency-range", str(concurrency), "--measurement-interval", window_ms,
+        "-p", window_ms,
+    ]  # fmt: skip
+
+
 def perf_analyzer(
     server: TritonServer,
     texts: list[str],

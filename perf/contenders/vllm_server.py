@@ -8,15 +8,15 @@ every response (the gateway's contenders use the same one).
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
 import tempfile
-import time
 
-from triton_embed_server.run.launcher import free_port
+from triton_embed_server.run.launcher import free_port, stop_process
 
-from perf.contenders.openai_load import embeddings_load
+from perf.contenders.openai_load import embeddings_load, wait_healthy
 from perf.corpora import MAX_TOKENS, MODEL
 
 # vLLM drops torch to 1 thread per engine unless OMP_NUM_THREADS says otherwise; its server
@@ -26,45 +26,10 @@ SERVED_MODEL = "bench"  # --served-model-name: the requests' ``model``
 TRUNCATION = {"truncate_prompt_tokens": MAX_TOKENS}  # vLLM's truncation field
 
 
-def vllm_load(
-    url: str,
-    texts: list[str],
-    batch: int,
-    conc: int,
-    seconds: float,
-    fmt: str,
-    text_tokens: list[int] | None = None,
-) -> dict:
-    """Load vLLM's ``/v1/embeddings`` with ``conc`` requests of ``batch`` texts in flight.
-
-    The request names :data:`SERVED_MODEL` and truncates at the model's budget with vLLM's
-    ``truncate_prompt_tokens`` (:data:`TRUNCATION`); the load generator is
-    :func:`~perf.contenders.openai_load.embeddings_load`.
-
-    Args:
-        url: the server's ``/v1/embeddings`` URL.
-        texts: texts to send, in turn.
-        batch: texts per request.
-        conc: requests in flight.
-        seconds: measurement time.
-        fmt: ``encoding_format`` asked for, ``float`` or ``base64``; every vector is decoded.
-        text_tokens: tokens of each text (after truncation); the result's
-            ``tokens_per_text`` is then the mean over the texts actually sent.
-
-    Returns:
-        A contender result.
-    """
-    return embeddings_load(
-        url,
-        texts,
-        batch,
-        conc,
-        seconds,
-        fmt,
-        model=SERVED_MODEL,
-        options=TRUNCATION,
-        text_tokens=text_tokens,
-    )
+# ``vllm_load(url, texts, batch, conc, seconds, fmt, text_tokens=None)``: vLLM's
+# ``/v1/embeddings`` loaded by :func:`~perf.contenders.openai_load.embeddings_load`, naming
+# :data:`SERVED_MODEL` and truncating at the model's budget with ``truncate_prompt_tokens``.
+vllm_load = functools.partial(embeddings_load, model=SERVED_MODEL, options=TRUNCATION)
 
 
 class VllmServer:
@@ -102,23 +67,10 @@ class VllmServer:
         self.proc = subprocess.Popen(
             cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
-        import urllib.request
-
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vLLM server exited; log: {self.log.name}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2):
-                    return self
-            except OSError:
-                time.sleep(1)
-        raise RuntimeError(f"vLLM server not ready; log: {self.log.name}")
+        problem = wait_healthy(self.proc, f"http://127.0.0.1:{self.port}/health", 300)
+        if problem:
+            raise RuntimeError(f"vLLM server {problem}; log: {self.log.name}")
+        return self
 
     def __exit__(self, *exc) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        stop_process(self.proc, 60)

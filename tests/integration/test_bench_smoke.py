@@ -13,6 +13,8 @@ import sys
 import pytest
 from triton_embed_server.run.launcher import REPO_ROOT
 
+from perf.contenders import CONTENDERS
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
@@ -34,15 +36,7 @@ def test_quick_benchmark_runs_every_contender_without_errors(tmp_path):
     )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
-    assert {r["contender"] for r in rows} == {
-        "engine",
-        "triton_pa",
-        "triton_client",
-        "gateway_float",
-        "gateway_base64",
-        "vllm_float",
-        "vllm_base64",
-    }
+    assert {r["contender"] for r in rows} == set(CONTENDERS)  # the summary table's rows
     assert all(r["errors"] == 0 and r["tokens_s"] > 0 for r in rows)
     summary = (tmp_path / "summary.md").read_text()
     assert "ensemble / vLLM server" in summary

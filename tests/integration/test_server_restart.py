@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 import urllib.request
 
 import psutil
 import pytest
 import tritonclient.grpc as grpcclient
-from triton_embed_server.run.launcher import REPO_ROOT, free_port
+from triton_embed_server.run.supervised_server import SupervisedServer
 from triton_embed_server.run.supervisor import EXIT_RESTARTS_EXHAUSTED, stub_parent_pid
 from tritonclient.utils import InferenceServerException
 
@@ -31,67 +29,12 @@ MODELS = ("embed", "tokenizer", "embedder")
 WATCHING = "watching stub processes per model"
 
 
-class Supervised:
-    """``python -m triton_embed_server.run.supervisor`` on free loopback ports, output to a log."""
-
-    def __init__(self, log_path, *own_args):
-        self.ports = {name: free_port() for name in ("http", "grpc", "metrics")}
-        self.log_path = log_path
-        command = [sys.executable, "-m", "triton_embed_server.run.supervisor", *own_args, "--"]
-        command += ["--model-repository", str(REPO_ROOT / "model_repository")]
-        for name, port in self.ports.items():
-            command += [f"--{name}-address", "127.0.0.1", f"--{name}-port", str(port)]
-        with open(log_path, "wb") as log:
-            self.process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        self.server_pids: set[int] = set()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def wait_watching(self, count: int) -> None:
-        """Until the supervisor saw its ``count``-th server ready (and recorded its stubs)."""
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while self.log().count(WATCHING) < count:
-            assert self.process.poll() is None, self.log()[-4000:]
-            assert time.monotonic() < deadline, self.log()[-4000:]
-            time.sleep(0.5)
-
-    def server(self) -> psutil.Process:
-        (child,) = psutil.Process(self.process.pid).children()
-        self.server_pids.add(child.pid)
-        return child
-
-    def get(self, path: str) -> int:
-        try:
-            url = f"http://127.0.0.1:{self.ports['http']}{path}"
-            with urllib.request.urlopen(url, timeout=2) as r:
-                return r.status
-        except OSError:
-            return 0
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                pass
-        try:  # anything left in its session: the server, orphaned stubs
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        if self.process.poll() is None:
-            self.process.wait()
-
-
 @pytest.fixture(scope="module")
 def supervised(tmp_path_factory):
     log = tmp_path_factory.mktemp("restart") / "supervisor.log"
-    sup = Supervised(log, "--max-restarts", "2", "--restart-backoff-s", "0.5")
+    sup = SupervisedServer(log, ["--max-restarts", "2", "--restart-backoff-s", "0.5"])
     try:
-        sup.wait_watching(1)
+        sup.wait_for_line(WATCHING, 1, READY_TIMEOUT_S)
         yield sup
     finally:
         sup.stop()
@@ -109,7 +52,7 @@ def live_stubs_of(pids: set[int]) -> list[int]:
     return out
 
 
-def kill_and_recover(sup: Supervised, sig: signal.Signals, restart: int) -> dict[str, float]:
+def kill_and_recover(sup: SupervisedServer, sig: signal.Signals, restart: int) -> dict[str, float]:
     """Kill the server with ``sig``; wait until it serves again; return the times."""
     old = sup.server()
     old_stubs = old.children()
@@ -156,7 +99,7 @@ def kill_and_recover(sup: Supervised, sig: signal.Signals, restart: int) -> dict
     new = sup.server()
     assert new.pid != old.pid
     assert not [p.pid for p in old_stubs if p.is_running() and p.status() != "zombie"]
-    sup.wait_watching(restart + 1)
+    sup.wait_for_line(WATCHING, restart + 1, READY_TIMEOUT_S)
     log = sup.log()
     assert f"killed by {sig.name} (signal {int(sig)}) after" in log
     assert f"restarting tritonserver (restart {restart};" in log

@@ -18,6 +18,7 @@ from triton_embed.codec import decode_embeddings
 from triton_embed_server.host import shm
 from triton_embed_server.models.repository.copies import copy_repository, edit_config
 from triton_embed_server.run.launcher import REPO_ROOT, TritonServer, free_port
+from triton_embed_server.run.supervisor.processes import child_stubs, tritonserver_below
 
 from tests.helpers import COSINE_MIN, MAX_LENGTH, cosines, infer_embed, text_input
 
@@ -30,20 +31,9 @@ EXT_B = 0x20000  # CJK Unified Ideographs Extension B: 4 bytes each in UTF-8
 
 def server_processes(server: TritonServer) -> tuple[psutil.Process, list[psutil.Process]]:
     """The tritonserver process under the launcher's supervisor, and its live stubs."""
-    tritonserver, stubs = None, []
-    for p in psutil.Process(server.process.pid).children(recursive=True):
-        try:
-            if p.status() == psutil.STATUS_ZOMBIE:
-                continue
-            argv0 = p.cmdline()[0]
-        except (psutil.Error, IndexError):
-            continue
-        if Path(argv0).name == "tritonserver":
-            tritonserver = p
-        elif "triton_python_backend_stub" in argv0:
-            stubs.append(p)
+    tritonserver = tritonserver_below(server.process.pid)
     assert tritonserver is not None, "no tritonserver process under the supervisor"
-    return tritonserver, stubs
+    return tritonserver, [p for p, _, _ in child_stubs(server.process.pid).values()]
 
 
 def stub_regions(stubs: list[psutil.Process]) -> dict[str, tuple[str, int, int]]:

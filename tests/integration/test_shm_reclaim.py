@@ -15,11 +15,11 @@ import shutil
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 from triton_embed_server.host import shm
 from triton_embed_server.run.launcher import TritonServer
+from triton_embed_server.run.supervisor.processes import child_stubs, tritonserver_below
 from triton_embed_server.run.supervisor.shm_watch import RegionWatch
 from tritonclient.utils import InferenceServerException
 
@@ -50,19 +50,9 @@ def reclaim_server():
 
 def tritonserver_and_stubs(server):
     """The tritonserver process and ``{pid: (model, region)}`` of its live stubs."""
-    tritonserver, stubs = None, {}
-    for p in psutil.Process(server.process.pid).children(recursive=True):
-        try:
-            if p.status() == psutil.STATUS_ZOMBIE:
-                continue
-            argv = p.cmdline()
-        except psutil.Error:
-            continue
-        if argv and Path(argv[0]).name == "tritonserver":
-            tritonserver = p
-        elif argv and "triton_python_backend_stub" in argv[0]:
-            stubs[p.pid] = (Path(argv[1]).parts[-3], argv[2])
-    return tritonserver, stubs
+    pid = server.process.pid
+    stubs = {p: (model, region) for p, (_, model, region) in child_stubs(pid).items()}
+    return tritonserver_below(pid), stubs
 
 
 def region_bytes(stubs) -> int:

@@ -312,7 +312,7 @@ def loaded_models(args: Sequence[str], repositories: Iterable[Path]) -> set[str]
     With ``--model-control-mode explicit`` only the ``--load-model`` models load (``*``: all),
     and loading an ensemble loads its steps.
     """
-    from triton_embed_server.host.shm.options import option_values
+    from triton_embed_server.host.shm.tritonserver_args import option_values
     from triton_embed_server.models.repository.layout import ensembles
 
     mode = (option_values(args, "--model-control-mode") or ["none"])[-1]
@@ -335,16 +335,11 @@ def check_arguments(args: Sequence[str], log: Callable[[str], None] | None = Non
     Raises:
         NodeMemoryError: a node cannot hold its engines.
     """
-    from triton_embed_server.host.shm.options import option_values
+    from triton_embed_server.host.shm.tritonserver_args import config_name, repository_paths
 
-    repositories = [
-        Path(v)
-        for name in ("--model-repository", "--model-store")
-        for v in option_values(args, name)
-    ]
-    config_name = (option_values(args, "--model-config-name") or [""])[-1] or None
+    repositories = repository_paths(args)
     try:
-        needs = engine_needs(repositories, config_name)
+        needs = engine_needs(repositories, config_name(args))
         loaded = loaded_models(args, repositories)
         if loaded is not None:
             needs = [n for n in needs if n.model in loaded]

@@ -48,6 +48,26 @@ def free_port() -> int:
     raise RuntimeError("no free TCP port in 20000-32767 on 127.0.0.1")
 
 
+def stop_process(proc: subprocess.Popen | None, timeout_s: float) -> int | None:
+    """SIGTERM ``proc``, SIGKILL it if it has not exited after ``timeout_s``; reap it.
+
+    Only ``proc`` itself is signalled, never its process group.
+
+    Returns:
+        Its exit code, or ``None`` if ``proc`` is ``None`` (never started).
+    """
+    if proc is None:
+        return None
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
 @dataclass
 class TritonServer:
     """A ``tritonserver`` child process on free loopback ports.
@@ -394,17 +414,7 @@ class Gateway:
         Returns:
             Its exit code, or ``None`` if it was never started.
         """
-        proc = self.process
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        return proc.returncode
+        return stop_process(self.process, timeout_s)
 
     def __enter__(self) -> Gateway:
         return self.start()

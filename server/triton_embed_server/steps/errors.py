@@ -15,39 +15,42 @@ from typing import Any
 
 
 class EmbedServingError(Exception):
-    """Base class. ``code`` is the name of a ``pb_utils.TritonError`` code constant."""
+    """Base class. ``code`` is the name of a ``pb_utils.TritonError`` code constant.
+
+    ``reason`` is the failure's label in the steps' metrics. A subclass sets either in its
+    class line (``class X(InvalidArgumentError, reason="empty")``); what it leaves out it
+    inherits.
+    """
 
     code = "INTERNAL"
     reason = "internal"
 
+    def __init_subclass__(cls, code: str | None = None, reason: str | None = None, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if code is not None:
+            cls.code = code
+        if reason is not None:
+            cls.reason = reason
 
-class InvalidArgumentError(EmbedServingError):
+
+class InvalidArgumentError(EmbedServingError, code="INVALID_ARG", reason="invalid_input"):
     """The request's data or options break the input contract (Triton ``INVALID_ARG``).
 
     Raised as is for a request option outside its allowed values; its subclasses name the
     other rules.
     """
 
-    code = "INVALID_ARG"
-    reason = "invalid_input"
 
-
-class EmptyTextError(InvalidArgumentError):
+class EmptyTextError(InvalidArgumentError, reason="empty"):
     """A text is empty and the request did not opt in to empty texts."""
 
-    reason = "empty"
 
-
-class InvalidUtf8Error(InvalidArgumentError):
+class InvalidUtf8Error(InvalidArgumentError, reason="invalid_utf8"):
     """A text's bytes are not valid UTF-8."""
 
-    reason = "invalid_utf8"
 
-
-class TooLongError(InvalidArgumentError):
+class TooLongError(InvalidArgumentError, reason="too_long"):
     """A text has more tokens than the model accepts and truncation is ``NONE``."""
-
-    reason = "too_long"
 
 
 class TextTooLargeError(TooLongError):
@@ -57,30 +60,20 @@ class TextTooLargeError(TooLongError):
     """
 
 
-class InvalidTokenIdsError(InvalidArgumentError):
+class InvalidTokenIdsError(InvalidArgumentError, reason="invalid_token_ids"):
     """Token IDs sent to ``embedder`` are out of the vocabulary, too many, or malformed."""
 
-    reason = "invalid_token_ids"
 
-
-class TooMuchWorkError(InvalidArgumentError):
+class TooMuchWorkError(InvalidArgumentError, reason="too_much_work"):
     """A request asks for more work than a step's budget (tokens per request, windows)."""
 
-    reason = "too_much_work"
 
-
-class CancelledError(EmbedServingError):
+class CancelledError(EmbedServingError, code="CANCELLED", reason="cancelled"):
     """The request was cancelled (its client went away) before the engine ran it."""
 
-    code = "CANCELLED"
-    reason = "cancelled"
 
-
-class EngineError(EmbedServingError):
+class EngineError(EmbedServingError, code="INTERNAL", reason="engine_error"):
     """The inference engine failed on a batch that passed validation."""
-
-    code = "INTERNAL"
-    reason = "engine_error"
 
 
 def to_triton_error(exc: BaseException, pb_utils: Any) -> Any:

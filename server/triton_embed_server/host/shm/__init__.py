@@ -3,40 +3,31 @@
 How the Python backend uses ``/dev/shm`` and how the sizes follow from the model configs is
 told in :mod:`triton_embed_server.host.shm.sizing`. The modules:
 
+* :mod:`~triton_embed_server.host.shm.tritonserver_args`: reading tritonserver arguments (the
+  ``python`` backend's ``--backend-config=python,<key>=<value>`` settings, the repositories);
 * :mod:`~triton_embed_server.host.shm.sizing`: the arithmetic (each model's largest call, its
-  region, the ``python`` backend settings, what ``/dev/shm`` must hold);
-* :mod:`~triton_embed_server.host.shm.options`: the ``python`` backend's settings in
-  tritonserver arguments (``--backend-config=python,<key>=<value>``);
-* :mod:`~triton_embed_server.host.shm.check`: the ``/dev/shm`` free-space check and its error;
-* :mod:`~triton_embed_server.host.shm.args`: :func:`server_arguments`, the settings added to
-  tritonserver arguments after the check (every start path calls it);
+  region, the ``python`` backend settings, what ``/dev/shm`` must hold), per repository or
+  for the repositories of tritonserver arguments;
+* :mod:`~triton_embed_server.host.shm.check`: the ``/dev/shm`` free-space check, its error,
+  and :func:`server_arguments`, the settings added to tritonserver arguments after the check
+  (every start path calls it);
 * :mod:`~triton_embed_server.host.shm.cli`: the command line.
 
     python -m triton_embed_server.host.shm check --model-repository model_repository
     python -m triton_embed_server.host.shm args --model-repository model_repository [...]
 """
 
-from triton_embed_server.host.shm.args import plan_arguments, server_arguments
 from triton_embed_server.host.shm.check import (
     EXIT_TOO_SMALL,
     SHM_DIR,
     SharedMemoryError,
     ShmSpace,
     require_space,
+    server_arguments,
     shm_space,
     too_small_message,
 )
 from triton_embed_server.host.shm.cli import main
-from triton_embed_server.host.shm.options import (
-    BACKEND,
-    DEFAULT_KEY,
-    DEFAULT_REGION_PREFIX,
-    GROWTH_KEY,
-    PREFIX_KEY,
-    given_default_byte_size,
-    option_values,
-    python_backend_settings,
-)
 from triton_embed_server.host.shm.sizing import (
     BACKEND_DEFAULT_BYTES,
     FLOAT32,
@@ -50,10 +41,23 @@ from triton_embed_server.host.shm.sizing import (
     StepSize,
     mib,
     model_config_path,
+    plan_arguments,
     plan_repository,
     round_up,
     step_size,
     visible_gpu_count,
+)
+from triton_embed_server.host.shm.tritonserver_args import (
+    BACKEND,
+    DEFAULT_KEY,
+    DEFAULT_REGION_PREFIX,
+    GROWTH_KEY,
+    PREFIX_KEY,
+    config_name,
+    given_default_byte_size,
+    option_values,
+    python_backend_settings,
+    repository_paths,
 )
 
 __all__ = [
@@ -76,6 +80,7 @@ __all__ = [
     "ShmPlan",
     "ShmSpace",
     "StepSize",
+    "config_name",
     "given_default_byte_size",
     "main",
     "mib",
@@ -84,6 +89,7 @@ __all__ = [
     "plan_arguments",
     "plan_repository",
     "python_backend_settings",
+    "repository_paths",
     "require_space",
     "round_up",
     "server_arguments",

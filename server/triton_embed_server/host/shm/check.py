@@ -1,17 +1,25 @@
-"""The ``/dev/shm`` free-space check and its error.
+"""The ``/dev/shm`` check at start: free space, its error, the settings added after it.
 
 Part of :mod:`triton_embed_server.host.shm`: :func:`require_space` compares what the stubs need
-(:mod:`triton_embed_server.host.shm.sizing`) with what ``/dev/shm`` has free.
+(:mod:`triton_embed_server.host.shm.sizing`) with what ``/dev/shm`` has free;
+:func:`server_arguments`, which every start path calls, checks the repositories of
+tritonserver arguments and adds the shared-memory settings they lack.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from triton_embed_server.host.shm.options import DEFAULT_REGION_PREFIX
-from triton_embed_server.host.shm.sizing import MIB, mib, round_up
+from triton_embed_server.host.shm.sizing import MIB, mib, plan_arguments, round_up
+from triton_embed_server.host.shm.tritonserver_args import (
+    DEFAULT_REGION_PREFIX,
+    PREFIX_KEY,
+    given_default_byte_size,
+    python_backend_settings,
+)
 
 SHM_DIR = Path("/dev/shm")
 EXIT_TOO_SMALL = 78  # sysexits.h EX_CONFIG: the host is configured wrong
@@ -94,3 +102,43 @@ def require_space(
     if space.free < needed:
         raise SharedMemoryError(too_small_message(needed, space, what))
     return space
+
+
+def server_arguments(
+    args: Sequence[str],
+    gpus: int | None = None,
+    path: Path = SHM_DIR,
+    log: Callable[[str], None] | None = None,
+) -> list[str]:
+    """``args`` plus the shared-memory settings they lack, after checking ``/dev/shm``.
+
+    The one function every start path calls (launcher, supervisor, ``scripts/serve.sh``).
+    Settings the caller gives (``--backend-config=python,shm-default-byte-size=...``) are
+    kept. When the configs cannot be read, ``args`` come back unchanged and tritonserver
+    reports the error itself.
+
+    Args:
+        args: tritonserver arguments (``--model-repository`` and ``--model-config-name``
+            are read from them).
+        gpus: GPUs the server sees; None asks the CUDA driver if a config needs it.
+        path: the shared-memory folder.
+        log: where the plan and any note go (one line each); None is silent.
+
+    Raises:
+        SharedMemoryError: ``path`` has less free space than the stubs need.
+    """
+    args = list(args)
+    try:
+        plan = plan_arguments(args, gpus)
+    except (OSError, ValueError) as exc:
+        if log:
+            log(f"shared memory not sized: {exc}")
+        return args
+    prefix = python_backend_settings(args).get(PREFIX_KEY) or DEFAULT_REGION_PREFIX
+    default = given_default_byte_size(args)
+    if log:
+        for line in plan.describe(default).splitlines():
+            log(f"shared memory: {line}")
+    where = ", ".join(str(r) for r in plan.repositories)
+    require_space(plan.needed_bytes(default), f"the Python-backend stubs of {where}", path, prefix)
+    return [*args, *plan.backend_config_args(args)]

@@ -13,8 +13,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from triton_embed_server.host.shm.args import server_arguments
-from triton_embed_server.host.shm.check import SharedMemoryError, require_space
+from triton_embed_server.host.shm.check import SharedMemoryError, require_space, server_arguments
 from triton_embed_server.host.shm.sizing import mib, plan_repository
 
 

@@ -64,9 +64,8 @@ model by starting its new instances before the old ones exit. With the computed 
 that is ``(all stubs + the most stubs of one model) * shm-default-byte-size``. ``stubs`` is
 the ``instance_group`` total (:func:`~triton_embed_server.models.instance_group.instance_count`),
 ``count`` on each visible GPU for a ``KIND_GPU`` group without a ``gpus`` list.
-
-    python -m triton_embed_server.host.shm check --model-repository model_repository
-    python -m triton_embed_server.host.shm args --model-repository model_repository [...]
+:func:`plan_repository` plans one repository, :func:`plan_arguments` those tritonserver
+arguments name.
 """
 
 from __future__ import annotations
@@ -77,11 +76,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from triton_embed_server.host.shm.options import (
+from triton_embed_server.host.shm.tritonserver_args import (
     BACKEND,
     DEFAULT_KEY,
     GROWTH_KEY,
+    config_name,
     python_backend_settings,
+    repository_paths,
 )
 from triton_embed_server.models.instance_group import instance_count, read_config_pbtxt
 
@@ -336,3 +337,20 @@ def plan_repository(
         if step is not None:
             steps.append(step)
     return ShmPlan((repository,), tuple(steps))
+
+
+def plan_arguments(args: Sequence[str], gpus: int | None = None) -> ShmPlan:
+    """The plan of the repositories and config name given in tritonserver arguments.
+
+    Every ``--model-repository`` (tritonserver serves them all; ``--model-store`` is its old
+    name); the last ``--model-config-name``.
+
+    Raises:
+        OSError: a repository or a config cannot be read.
+        ValueError: no repository is given, or a config or a parameter is invalid.
+    """
+    repositories = repository_paths(args)
+    if not repositories:
+        raise ValueError("no --model-repository in the tritonserver arguments")
+    plans = [plan_repository(r, config_name(args), gpus) for r in repositories]
+    return ShmPlan(tuple(repositories), tuple(step for plan in plans for step in plan.steps))

@@ -110,16 +110,9 @@ def parse_p2p(text: str, mode: str | None = None) -> P2PMatrix:
             that is not an upper-case code, or a self cell that is not ``X``.
     """
     cmd = f"{P2P_CMD} {mode}" if mode else P2P_CMD
-    if not text or not text.strip():
-        raise TopologyParseError(
-            f"{cmd}: empty output; expected a matrix whose header is 'GPU0 GPU1 ...'"
-        )
-    lines = _text.lines(text)
-    header_at = next((i for i, ln in enumerate(lines) if ln.split()[:1] == ["GPU0"]), None)
-    if header_at is None:
-        raise TopologyParseError(
-            f"{cmd}: no header line starting with 'GPU0'; expected 'GPU0 GPU1 ...'"
-        )
+    lines, header_at = _text.matrix_lines(
+        text, cmd, "a matrix whose header is 'GPU0 GPU1 ...'", "'GPU0 GPU1 ...'"
+    )
     gpus = lines[header_at].split()
     if not all(_text.GPU_NAME.fullmatch(g) for g in gpus):
         raise TopologyParseError(

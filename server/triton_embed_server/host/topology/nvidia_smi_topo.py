@@ -252,17 +252,12 @@ def parse_topo_matrix(text: str) -> TopoMatrix:
             (truncated or garbled output), an unknown link label, a self cell that is not
             ``X``, an asymmetric matrix, or an unreadable CPU list.
     """
-    if not text or not text.strip():
-        raise TopologyParseError(
-            f"{TOPO_CMD}: empty output; expected the GPU matrix whose header starts with 'GPU0'"
-        )
-    lines = _text.lines(text)
-    header_at = next((i for i, ln in enumerate(lines) if ln.split()[:1] == ["GPU0"]), None)
-    if header_at is None:
-        raise TopologyParseError(
-            f"{TOPO_CMD}: no header line starting with 'GPU0'; expected the matrix printed by "
-            "'nvidia-smi topo -m' (GPU0 GPU1 ... CPU Affinity NUMA Affinity)"
-        )
+    lines, header_at = _text.matrix_lines(
+        text,
+        TOPO_CMD,
+        "the GPU matrix whose header starts with 'GPU0'",
+        "the matrix printed by 'nvidia-smi topo -m' (GPU0 GPU1 ... CPU Affinity NUMA Affinity)",
+    )
     header = lines[header_at]
     header_tokens = list(re.finditer(r"\S+", header))
     n_dev = next(

@@ -2,9 +2,11 @@
 
 A Python-backend stub is recognised by its command line (:func:`stub_model_name`,
 :func:`stub_parent_pid`, :func:`stub_shm_region`). :func:`child_stubs` finds a server's
-stubs and :func:`leftover_stubs` those a dead server left behind; :func:`stop_processes`
-stops processes (SIGTERM, grace, SIGKILL), :func:`remove_shm_regions` removes their
-shared-memory regions and :func:`busy_ports` tells whether a dead server's ports are free.
+stubs, :func:`tritonserver_below` the server a supervisor runs and :func:`leftover_stubs`
+the stubs a dead server left behind; :func:`tree_rss_bytes` measures a process tree;
+:func:`stop_processes` stops processes (SIGTERM, grace, SIGKILL), :func:`remove_shm_regions`
+removes their shared-memory regions and :func:`busy_ports` tells whether a dead server's
+ports are free.
 """
 
 from __future__ import annotations
@@ -56,6 +58,28 @@ def stub_instance_name(cmdline: list[str]) -> str | None:
     return cmdline[8]
 
 
+def live_descendants(pid: int) -> list[tuple[object, list[str]]]:
+    """The live processes below ``pid`` (zombies and processes gone meanwhile left out).
+
+    Returns:
+        ``[(psutil.Process, command line)]``; empty when ``pid`` is gone.
+    """
+    import psutil
+
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    out = []
+    for child in children:
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                out.append((child, child.cmdline()))
+        except psutil.Error:
+            continue
+    return out
+
+
 def child_stubs(server_pid: int) -> dict[int, tuple[object, str, str | None]]:
     """The live stub processes below ``server_pid`` (zombies left out).
 
@@ -63,24 +87,25 @@ def child_stubs(server_pid: int) -> dict[int, tuple[object, str, str | None]]:
         ``{pid: (psutil.Process, model name, /dev/shm region)}``; empty when the server is
         gone.
     """
-    import psutil
-
     out: dict[int, tuple[object, str, str | None]] = {}
-    try:
-        children = psutil.Process(server_pid).children(recursive=True)
-    except psutil.Error:
-        return out
-    for child in children:
-        try:
-            if child.status() == psutil.STATUS_ZOMBIE:
-                continue
-            cmdline = child.cmdline()
-        except psutil.Error:
-            continue
+    for child, cmdline in live_descendants(server_pid):
         model = stub_model_name(cmdline)
         if model:
             out[child.pid] = (child, model, stub_shm_region(cmdline))
     return out
+
+
+def tritonserver_below(pid: int):
+    """The live ``tritonserver`` process below ``pid`` (a supervisor), or None.
+
+    Returns:
+        A ``psutil.Process`` whose command is a ``tritonserver`` binary (zombies left out);
+        None when there is none, or ``pid`` is gone.
+    """
+    for child, cmdline in live_descendants(pid):
+        if cmdline and Path(cmdline[0]).name == "tritonserver":
+            return child
+    return None
 
 
 def leftover_stubs(server_pid: int, started_at: float) -> dict[int, tuple[object, str | None]]:
@@ -132,6 +157,23 @@ def group_stub_regions(pgid: int) -> list[str]:
         except OSError:  # gone meanwhile
             pass
     return regions
+
+
+def tree_rss_bytes(process) -> int:
+    """RSS, bytes, of a ``psutil.Process`` and all its descendants (processes gone are skipped).
+
+    Shared pages (a Python-backend region mapped by the server and a stub) count once per
+    process that maps them.
+    """
+    import psutil
+
+    total = 0
+    for p in [process, *process.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
 
 
 def is_running(proc) -> bool:

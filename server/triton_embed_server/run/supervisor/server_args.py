@@ -7,16 +7,12 @@ gRPC and metrics endpoints the server will listen on (a restart waits for their 
 
 from __future__ import annotations
 
+from triton_embed_server.host.shm.tritonserver_args import option_values
+
 
 def option_value(args: list[str], name: str, default: str) -> str:
     """The value of ``--name VALUE`` or ``--name=VALUE`` in ``args`` (the last wins)."""
-    value = default
-    for i, arg in enumerate(args):
-        if arg == name and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith(name + "="):
-            value = arg.split("=", 1)[1]
-    return value
+    return (option_values(args, name) or [default])[-1]
 
 
 def _given(args: list[str], name: str) -> bool:

@@ -5,7 +5,7 @@ fit, and never shrinks (:mod:`triton_embed_server.host.shm.sizing`); Triton 2.51
 its own on a gRPC message below 2 GiB, and a text is copied into the tokenizer's region
 before the step can refuse it. One 100 MiB text left a region of 112 MiB until restart.
 
-The plan (:func:`~triton_embed_server.host.shm.args.plan_arguments`) says what each model's stub
+The plan (:func:`~triton_embed_server.host.shm.sizing.plan_arguments`) says what each model's stub
 region is at start (``max(shm-default-byte-size, its region)``, the size the ``/dev/shm``
 check counted) and the largest request the configs allow never grows it. A region larger
 than that plus one growth step (``shm-growth-byte-size``, the margin: the backend grows a
@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from triton_embed_server.host.shm.check import SHM_DIR
-from triton_embed_server.host.shm.options import GROWTH_KEY, python_backend_settings
 from triton_embed_server.host.shm.sizing import mib
+from triton_embed_server.host.shm.tritonserver_args import GROWTH_KEY, python_backend_settings
 
 #: Seconds between two reloads of one model for its shared memory, at least, when it is on.
 INTERVAL_S = 60.0
@@ -109,8 +109,8 @@ class RegionWatch:
             None when ``interval_s`` is 0 (off) or the configs cannot be read (then the
             server reports them itself).
         """
-        from triton_embed_server.host.shm.args import plan_arguments
-        from triton_embed_server.host.shm.options import given_default_byte_size
+        from triton_embed_server.host.shm.sizing import plan_arguments
+        from triton_embed_server.host.shm.tritonserver_args import given_default_byte_size
 
         if interval_s <= 0:
             return None

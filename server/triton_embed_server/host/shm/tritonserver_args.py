@@ -1,12 +1,16 @@
-"""The ``python`` backend's settings in tritonserver arguments: their names, reading them.
+"""Reading tritonserver arguments: the python backend's shared-memory settings, the repositories.
 
 Part of :mod:`triton_embed_server.host.shm` (the sizes are explained in
-:mod:`triton_embed_server.host.shm.sizing`).
+:mod:`triton_embed_server.host.shm.sizing`): the settings' names, :func:`option_values` (any
+option), :func:`python_backend_settings` and :func:`given_default_byte_size` (the
+``--backend-config=python,<key>=<value>`` settings), :func:`repository_paths` and
+:func:`config_name` (what the server loads).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 BACKEND = "python"
 DEFAULT_KEY = "shm-default-byte-size"
@@ -50,3 +54,20 @@ def option_values(args: Sequence[str], name: str) -> list[str]:
         elif arg.startswith(name + "="):
             values.append(arg.split("=", 1)[1])
     return values
+
+
+def repository_paths(args: Sequence[str]) -> list[Path]:
+    """Every ``--model-repository`` in tritonserver arguments (``--model-store``: its old name).
+
+    tritonserver serves them all.
+    """
+    return [
+        Path(v)
+        for name in ("--model-repository", "--model-store")
+        for v in option_values(args, name)
+    ]
+
+
+def config_name(args: Sequence[str]) -> str | None:
+    """The last ``--model-config-name`` in tritonserver arguments (None: none, or empty)."""
+    return (option_values(args, "--model-config-name") or [""])[-1] or None

@@ -12,7 +12,7 @@ parameter                 values (case-insensitive)   when absent
 ``truncation``            ``NONE``, ``END``,          the ``tokenizer`` model's ``truncation``
                           ``START``, ``CHUNK``        parameter (``END`` unless configured)
 ``allow_empty``           ``true``/``false`` (bool,   the ``tokenizer`` model's ``allow_empty``
-                          or ``1``/``0``)             parameter (``false`` unless configured)
+                          ``1``/``0``, ``yes``/``no``)  parameter (``false`` unless configured)
 ``invalid_utf8``          ``error``, ``replace``      ``error``
 ``input_type``            ``document`` (always), or a  the model's ``default_prompt_name`` (no
                           prompt name of the model    prompt when it has none)
@@ -22,7 +22,7 @@ parameter                 values (case-insensitive)   when absent
 ``embedding_type``        ``float32``, ``float16``,   ``float32``
                           ``ubinary``
 ``normalize``             ``true``/``false`` (bool,   the model's own normalization (its
-                          or ``1``/``0``)             ``Normalize`` module, or the embedder's
+                          ``1``/``0``, ``yes``/``no``)  ``Normalize`` module, or the embedder's
                                                       ``normalize`` parameter)
 ========================  ==========================  ==========================================
 
@@ -34,7 +34,7 @@ never applies the model's ``Normalize`` module itself); ``true`` L2-normalizes t
 Which ``input_type`` and ``dimensions`` values a model accepts is the model's
 (:mod:`triton_embed_server.models.model_spec`); this module checks only their form.
 
-A value outside its allowed set is an error that names the parameter, the value and the
+A value outside its allowed set is an :class:`OptionError` (a ``ValueError``) that names the parameter, the value and the
 allowed values. A parameter with any other name is an error too (a misspelt option must not
 be silently ignored), except the names the KServe v2 / Triton protocols reserve for
 themselves (:data:`RESERVED`, and any name starting with ``triton_``), which are left alone.
@@ -80,8 +80,35 @@ RESERVED = frozenset(
     }
 )
 
-_TRUE = ("true", "1")
-_FALSE = ("false", "0")
+_TRUE = ("true", "1", "yes")
+_FALSE = ("false", "0", "no")
+
+
+class OptionError(ValueError):
+    """An option's value outside its allowed set; the message says which option and why.
+
+    Attributes:
+        name: how the option is named, e.g. ``"dimensions"`` or ``"parameter truncation"``.
+        value: the value as received.
+        allowed: what the option accepts, e.g. ``"NONE, END, START, CHUNK"`` or
+            ``"a whole number >= 1"``.
+        prefix: words before the name in the message, e.g. ``"request parameter "``.
+
+    The message is ``<prefix><name>=<quoted value> <reason>``, e.g.
+    ``dimensions='x' must be a whole number >= 1``.
+    """
+
+    def __init__(self, name: str, value: Any, allowed: str, reason: str, prefix: str = "") -> None:
+        self.name = name
+        self.value = value
+        self.allowed = allowed
+        self.reason = reason
+        self.prefix = prefix
+        super().__init__(f"{prefix}{name}={quote(value)} {reason}")
+
+    def with_prefix(self, prefix: str) -> OptionError:
+        """The same error, its message starting with ``prefix`` (e.g. ``"request parameter "``)."""
+        return OptionError(self.name, self.value, self.allowed, self.reason, prefix + self.prefix)
 
 
 def quote(value: Any, limit: int = QUOTE_CHARS) -> str:
@@ -112,13 +139,13 @@ def _member(cls: type[enum.Enum], value: Any, what: str, fold) -> Any:
     """The member of ``cls`` whose value is ``fold(str(value).strip())``.
 
     Raises:
-        ValueError: none is (names ``what``, the value and the allowed values).
+        OptionError: none is (names ``what``, the value and the allowed values).
     """
     try:
         return cls(fold(str(value.value if isinstance(value, cls) else value).strip()))
     except ValueError:
         allowed = ", ".join(m.value for m in cls)
-        raise ValueError(f"{what}={quote(value)} is not one of {allowed}") from None
+        raise OptionError(what, value, allowed, f"is not one of {allowed}") from None
 
 
 class Truncation(str, enum.Enum):
@@ -138,7 +165,7 @@ class Truncation(str, enum.Enum):
             what: how the error message names the value, e.g. ``"parameter truncation"``.
 
         Raises:
-            ValueError: another value (names ``what``, the value and the allowed values).
+            OptionError: another value (names ``what``, the value and the allowed values).
         """
         return _member(cls, value, what, str.upper)
 
@@ -158,7 +185,7 @@ class InvalidUtf8(str, enum.Enum):
             what: how the error message names the value.
 
         Raises:
-            ValueError: another value (names ``what``, the value and the allowed values).
+            OptionError: another value (names ``what``, the value and the allowed values).
         """
         return _member(cls, value, what, str.lower)
 
@@ -182,7 +209,7 @@ class EmbeddingType(str, enum.Enum):
         """Parse ``float32`` / ``float16`` / ``ubinary`` (case-insensitive).
 
         Raises:
-            ValueError: another value (names ``what``, the value and the allowed values).
+            OptionError: another value (names ``what``, the value and the allowed values).
         """
         return _member(cls, value, what, str.lower)
 
@@ -199,16 +226,17 @@ def parse_dimensions(value: Any, what: str = DIMENSIONS) -> int:
     """Parse a ``dimensions`` value: a whole number >= 1 (an int, or a string of one).
 
     Raises:
-        ValueError: anything else (names ``what`` and the value).
+        OptionError: anything else (names ``what`` and the value).
     """
-    if isinstance(value, bool):
-        raise ValueError(f"{what}={quote(value)} must be a whole number >= 1")
-    try:
-        number = int(str(value).strip()) if not isinstance(value, int) else value
-    except ValueError:
-        number = 0
+    number = 0
+    if not isinstance(value, bool):
+        try:
+            number = int(str(value).strip()) if not isinstance(value, int) else value
+        except ValueError:
+            pass
     if number < 1:
-        raise ValueError(f"{what}={quote(value)} must be a whole number >= 1")
+        allowed = "a whole number >= 1"
+        raise OptionError(what, value, allowed, f"must be {allowed}")
     return number
 
 
@@ -216,11 +244,12 @@ def parse_input_type(value: Any, what: str = INPUT_TYPE) -> str:
     """Parse an ``input_type`` value: a non-empty prompt name (blanks around it dropped).
 
     Raises:
-        ValueError: an empty or non-string value.
+        OptionError: an empty or non-string value.
     """
     text = value.strip() if isinstance(value, str) else ""
     if not text:
-        raise ValueError(f"{what}={quote(value)} must be a prompt name such as query or document")
+        allowed = "a prompt name such as query or document"
+        raise OptionError(what, value, allowed, f"must be {allowed}")
     return text
 
 
@@ -231,7 +260,9 @@ DEFAULT_EMBEDDING_TYPE = EmbeddingType.FLOAT32
 
 
 def parse_flag(value: Any, what: str = ALLOW_EMPTY) -> bool:
-    """Parse a boolean option: ``True``/``False``, or ``true``/``false``/``1``/``0``.
+    """Parse a boolean: ``True``/``False``, or ``true``/``false``/``1``/``0``/``yes``/``no``.
+
+    The project's one flag parser: request options, CLI flags and config parameters.
 
     Args:
         value: the raw value (gRPC ``bool_param``, ``int64_param`` or ``string_param``;
@@ -239,7 +270,7 @@ def parse_flag(value: Any, what: str = ALLOW_EMPTY) -> bool:
         what: how the error message names the value.
 
     Raises:
-        ValueError: another value (names ``what`` and the value).
+        OptionError: another value (names ``what`` and the value).
     """
     if isinstance(value, bool):
         return value
@@ -248,7 +279,7 @@ def parse_flag(value: Any, what: str = ALLOW_EMPTY) -> bool:
         return True
     if text in _FALSE:
         return False
-    raise ValueError(f"{what}={quote(value)} must be true or false")
+    raise OptionError(what, value, "true or false", "must be true or false")
 
 
 @dataclass(frozen=True)
@@ -271,7 +302,7 @@ class RequestOptions:
             L2-normalized (TEI's ``normalize=false``); ``True``: L2-normalized.
 
     Raises:
-        ValueError: a value outside its allowed set (names the option and the allowed values).
+        OptionError: a value outside its allowed set (names the option and the allowed values).
     """
 
     truncation: Truncation | None = None
@@ -329,8 +360,8 @@ class RequestOptions:
             )
         try:
             return cls(**{name: parameters[name] for name in NAMES if name in parameters})
-        except ValueError as exc:
-            raise ValueError(f"request parameter {exc}") from None
+        except OptionError as exc:
+            raise exc.with_prefix("request parameter ") from None
 
     def to_parameters(self) -> dict[str, str | bool | int]:
         """The request parameters to send: only the options that are set.

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from triton_embed.options import Truncation
+from triton_embed.options import OptionError, Truncation, parse_flag
 from triton_embed.serving_limits import REQUEST_TEXTS, request_token_budget
 
 EMBEDDING_OUTPUTS = frozenset({"EMBEDDING", "NUM_TOKENS"})
@@ -195,10 +195,18 @@ class ModelInfo:
             normalize=facts.normalize,
             dtype=parameter(embedder_config, "dtype") or "float32",
             max_batch_tokens=_int_parameter(embedder_config, "max_num_batched_tokens"),
-            allow_empty=parameter(tokenizer_config, "allow_empty").lower() in ("true", "1"),
+            allow_empty=_allow_empty(tokenizer_config),
             max_chunks=max_chunks,
             max_request_tokens=_request_tokens(tokenizer_config, max_length, max_chunks),
         )
+
+
+def _allow_empty(tokenizer_config: Mapping[str, Any]) -> bool:
+    """The tokenizer step's ``allow_empty`` parameter (``false`` when absent or unreadable)."""
+    try:
+        return parse_flag(parameter(tokenizer_config, "allow_empty") or "false")
+    except OptionError:
+        return False
 
 
 @dataclass(frozen=True)

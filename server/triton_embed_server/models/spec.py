@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from triton_embed.options import quote
+from triton_embed.options import parse_flag, quote
 
 #: Dimensions option meaning "any value from 1 to the full dimension".
 ANY_DIMENSIONS = "any"
@@ -34,22 +34,6 @@ SPEC_KEYS = (
 
 class ModelFolderError(ValueError):
     """A model folder lacks what serving it needs (one line: the file and what is missing)."""
-
-
-def parse_flag(value: str, what: str) -> bool:
-    """Parse a boolean parameter: ``true``/``1``/``yes`` or ``false``/``0``/``no``.
-
-    The server's one flag parser for config text (model parameters, spec overrides).
-
-    Raises:
-        ValueError: another value (names ``what``).
-    """
-    text = str(value).strip().lower()
-    if text in ("true", "1", "yes"):
-        return True
-    if text in ("false", "0", "no"):
-        return False
-    raise ValueError(f"{what}={value!r} must be true or false")
 
 
 def render_flag(value: bool) -> str:

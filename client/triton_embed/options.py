@@ -34,10 +34,11 @@ never applies the model's ``Normalize`` module itself); ``true`` L2-normalizes t
 Which ``input_type`` and ``dimensions`` values a model accepts is the model's
 (:mod:`triton_embed_server.models.model_spec`); this module checks only their form.
 
-A value outside its allowed set is an :class:`OptionError` (a ``ValueError``) that names the parameter, the value and the
-allowed values. A parameter with any other name is an error too (a misspelt option must not
-be silently ignored), except the names the KServe v2 / Triton protocols reserve for
-themselves (:data:`RESERVED`, and any name starting with ``triton_``), which are left alone.
+A value outside its allowed set is an :class:`OptionError` (a ``ValueError``) that names the
+parameter, the value and the allowed values. A parameter with any other name is an error too
+(a misspelt option must not be silently ignored), except the names the KServe v2 / Triton
+protocols reserve for themselves (:data:`RESERVED`, and any name starting with
+``triton_``), which are left alone.
 """
 
 from __future__ import annotations

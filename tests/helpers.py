@@ -5,7 +5,11 @@ from tests.helpers import COSINE_MIN, DIM, MAX_LENGTH, cosines, infer_embed
 
 from __future__ import annotations
 
+import contextlib
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 from triton_embed_server.models.model_files import resolve_model_path
@@ -19,6 +23,8 @@ DIM = json.loads((MODEL_PATH / "1_Pooling" / "config.json").read_text())["word_e
 # order; 0.9999 cosine is the bar the project sets (vLLM's own tests use 1e-2 on the
 # embedding difference norm).
 COSINE_MIN = 0.9999
+#: The installed ``triton-embed`` command, run as a user runs it.
+CLI = [str(Path(sys.prefix) / "bin" / "triton-embed")]
 
 
 def text_input(texts):
@@ -88,3 +94,53 @@ def tree_rss_mib(process) -> float:
     from triton_embed_server.run.supervisor.processes import tree_rss_bytes
 
     return tree_rss_bytes(process) / 2**20
+
+
+def run_cli(*args, env: dict[str, str] | None = None, timeout: float = 600):
+    """``triton-embed ARGS`` (the installed command), output captured as text.
+
+    Returns:
+        The ``subprocess.CompletedProcess``; ``timeout`` (seconds) only bounds a hang.
+    """
+    return subprocess.run(
+        [*CLI, *map(str, args)], capture_output=True, text=True, env=env, timeout=timeout
+    )
+
+
+@contextlib.contextmanager
+def running(server, what: str = "tritonserver"):
+    """Start ``server`` (a ``TritonServer``), yield it, stop it even when the body fails.
+
+    A start that fails fails the test (``pytest.fail`` with the launcher's message, which
+    holds the end of the server's log).
+    """
+    import pytest
+
+    try:
+        try:
+            server.start()
+        except RuntimeError as exc:
+            pytest.fail(f"{what} did not start: {exc}")
+        yield server
+    finally:
+        code = server.stop()
+        print(f"\n{what} stopped with exit code {code}; log: {server.log_path}")
+
+
+def start_serve_sh(ports: tuple[int, int, int], env: dict[str, str], log_path: Path):
+    """``scripts/serve.sh`` on ``(http, grpc, metrics)`` ports in its own process group.
+
+    Its output goes to ``log_path``. Returns the ``subprocess.Popen``; the caller stops it
+    (SIGTERM, then ``os.killpg``: the server's stubs share the group).
+    """
+    from triton_embed_server.run.launcher import REPO_ROOT
+
+    http, grpc, metrics = ports
+    argv = [
+        "bash", str(REPO_ROOT / "scripts" / "serve.sh"),
+        "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+    ]  # fmt: skip
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(
+            argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )

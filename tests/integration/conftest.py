@@ -1,26 +1,54 @@
-"""Session fixtures: one real tritonserver on free loopback ports, the reference model."""
+"""Session fixtures: real tritonservers on free loopback ports, the reference model.
+
+Each server configuration starts once per session, whichever modules use it (a start takes
+30-60 s on 2 cores); a module that changes its server (kills, restarts) starts its own.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
+from triton_embed_server.models.repository.copies import copy_repository, edit_config
 from triton_embed_server.run.launcher import TritonServer
 
-from tests.helpers import MODEL_PATH
+from tests.helpers import MODEL_PATH, running
+
+READY_TIMEOUT_S = float(os.environ.get("TRITON_READY_TIMEOUT_S", "400"))
+#: The embedder queue of :func:`one_embedder_server`: the 5th waiting request is refused.
+SMALL_QUEUE = 4
+#: The folder name of :func:`one_embedder_server`'s copy of the model.
+LOCAL_MODEL = "my-local-model"
 
 
 @pytest.fixture(scope="session")
 def server():
     """A real tritonserver serving model_repository; stopped even when tests fail."""
-    srv = TritonServer(ready_timeout_s=float(os.environ.get("TRITON_READY_TIMEOUT_S", "400")))
-    try:
-        srv.start()
-    except RuntimeError as exc:
-        pytest.fail(f"tritonserver did not start: {exc}")
-    yield srv
-    code = srv.stop()
-    print(f"\ntritonserver stopped with exit code {code}; log: {srv.log_path}")
+    with running(TritonServer(ready_timeout_s=READY_TIMEOUT_S)) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="session")
+def one_embedder_server(tmp_path_factory):
+    """A copy of the shipped repository: 1 embedder replica, a queue of SMALL_QUEUE requests,
+    both steps reading a copy of the model folder (``model_path`` = ``.../LOCAL_MODEL``).
+
+    Shared by test_overload.py (the small queue) and test_other_model_folder.py (the
+    ``model_path`` change); neither changes the server.
+    """
+    root = tmp_path_factory.mktemp("one-embedder")
+    model_copy = root / LOCAL_MODEL
+    shutil.copytree(MODEL_PATH, model_copy)
+    repo = copy_repository(root / "model_repository")
+    local = {"model_path": str(model_copy)}
+    edit_config(repo / "tokenizer" / "config.pbtxt", parameters=local)
+    edit_config(
+        repo / "embedder" / "config.pbtxt", count=1, max_queue_size=SMALL_QUEUE, parameters=local
+    )
+    srv = TritonServer(model_repository=repo, ready_timeout_s=READY_TIMEOUT_S)
+    with running(srv, "one-embedder tritonserver") as srv:
+        yield srv
 
 
 @pytest.fixture(scope="session")

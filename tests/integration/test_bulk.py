@@ -49,11 +49,34 @@ def fortune_lines(n: int) -> list[str]:
     return [lines[i % len(lines)] for i in range(n)]
 
 
+def admin_env(server: TritonServer) -> dict[str, str]:
+    """This environment plus the server's admin key (the CLI reads max_batch_size)."""
+    return {**os.environ, "TRITON_EMBED_ADMIN_KEY": server.admin_key}
+
+
+def line_corpus(tmp_path: Path, n: int) -> Path:
+    """``c.txt``: ``n`` fortune lines, one text per line."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(fortune_lines(n)) + "\n")
+    return corpus
+
+
+def shard_job(corpus: Path, out: Path, urls: str, shard_rows: int, concurrency: int = 2) -> list:
+    """``embed`` arguments of a sharded run: batches of 16, no progress bar."""
+    return ["embed", corpus, "-o", out, "--url", urls, "--shard-rows", shard_rows,
+            "--batch-size", 16, "--concurrency", concurrency, "--no-progress"]  # fmt: skip
+
+
+def start_cli(args: list, server: TritonServer, **popen) -> subprocess.Popen:
+    """The CLI started in the background with the server's admin key."""
+    return subprocess.Popen([*CLI, *map(str, args)], env=admin_env(server), text=True, **popen)
+
+
 def run_cli(args: list, server: TritonServer, check: bool = True, **kwargs):
-    env = {**os.environ, "TRITON_EMBED_ADMIN_KEY": server.admin_key}
     done = subprocess.run(
-        [*CLI, *map(str, args)], env=env, capture_output=True, text=True, timeout=600, **kwargs
-    )
+        [*CLI, *map(str, args)], env=admin_env(server), capture_output=True, text=True,
+        timeout=600, **kwargs,
+    )  # fmt: skip
     if check:
         assert done.returncode == 0, done.stdout + done.stderr
     return done
@@ -93,14 +116,9 @@ def test_shards_equal_the_in_memory_path_and_match_the_reference(server, tmp_pat
 
 
 def test_sigkill_then_the_same_command_equals_an_uninterrupted_run(server, tmp_path):
-    corpus = tmp_path / "c.txt"
-    corpus.write_text("\n".join(fortune_lines(4000)) + "\n")
-    out = tmp_path / "out"
-    args = ["embed", corpus, "-o", out, "--url", server.grpc_url, "--shard-rows", 250,
-            "--batch-size", 16, "--concurrency", 2, "--no-progress"]  # fmt: skip
-    env = {**os.environ, "TRITON_EMBED_ADMIN_KEY": server.admin_key}
-    proc = subprocess.Popen([*CLI, *map(str, args)], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    corpus, out = line_corpus(tmp_path, 4000), tmp_path / "out"
+    args = shard_job(corpus, out, server.grpc_url, 250)
+    proc = start_cli(args, server, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     manifest_path = out / "_manifest.json"
     try:
         deadline = time.monotonic() + 300
@@ -151,8 +169,7 @@ def test_sigkill_then_the_same_command_equals_an_uninterrupted_run(server, tmp_p
 
 def peak_rss(args: list, server: TritonServer) -> tuple[int, str]:
     """Peak RSS (bytes) of the CLI process over its run, sampled every 20 ms."""
-    env = {**os.environ, "TRITON_EMBED_ADMIN_KEY": server.admin_key}
-    code, output, peak, _ = measure([*CLI, *map(str, args)], env)
+    code, output, peak, _ = measure([*CLI, *map(str, args)], admin_env(server))
     assert code == 0, output
     return peak, output
 
@@ -187,11 +204,8 @@ def test_two_servers_one_killed_mid_run_every_id_once(server, tmp_path):
     b.start()
     out = tmp_path / "out"
     urls = f"{server.grpc_url},{b.grpc_url}"
-    args = ["embed", corpus, "-o", out, "--url", urls, "--shard-rows", 500,
-            "--batch-size", 16, "--concurrency", 4, "--no-progress"]  # fmt: skip
-    env = {**os.environ, "TRITON_EMBED_ADMIN_KEY": server.admin_key}
-    proc = subprocess.Popen([*CLI, *map(str, args)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    args = shard_job(corpus, out, urls, 500, concurrency=4)
+    proc = start_cli(args, server, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 300
         answered_by_b = 0.0
@@ -226,14 +240,9 @@ def b_successes(b: TritonServer) -> float:
 
 def test_input_appended_mid_run_fails_the_job_clearly(server, tmp_path):
     """Issue 20 item 7: 500 lines appended to a 3,000-line input after the first shard."""
-    corpus = tmp_path / "c.txt"
-    corpus.write_text("\n".join(fortune_lines(3000)) + "\n")
-    out = tmp_path / "out"
-    args = ["embed", corpus, "-o", out, "--url", server.grpc_url, "--shard-rows", 500,
-            "--batch-size", 16, "--concurrency", 2, "--no-progress"]  # fmt: skip
-    env = {**os.environ, "TRITON_EMBED_ADMIN_KEY": server.admin_key}
-    proc = subprocess.Popen([*CLI, *map(str, args)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    corpus, out = line_corpus(tmp_path, 3000), tmp_path / "out"
+    args = shard_job(corpus, out, server.grpc_url, 500)
+    proc = start_cli(args, server, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 300
         while not (out / "part-00000.parquet").exists() and time.monotonic() < deadline:
@@ -260,8 +269,7 @@ def test_input_appended_mid_run_fails_the_job_clearly(server, tmp_path):
 
 def test_planted_links_at_the_temporaries_are_not_followed(server, tmp_path):
     """Issue 20 item 6, through the CLI: links at every temporary, a file outside the folder."""
-    corpus = tmp_path / "c.txt"
-    corpus.write_text("\n".join(fortune_lines(300)) + "\n")
+    corpus = line_corpus(tmp_path, 300)
     precious = tmp_path / "precious.txt"
     precious.write_text("keep me\n")
     out = tmp_path / "out"

@@ -5,9 +5,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,11 +18,9 @@ from triton_embed.admin import ADMIN_KEY_ENV
 from triton_embed.corpus import read_fortunes, write_jsonl
 from triton_embed_server.run.launcher import free_port
 
-from tests.helpers import COSINE_MIN, DIM, cosines
+from tests.helpers import COSINE_MIN, DIM, cosines, run_cli
 
 pytestmark = pytest.mark.integration
-
-CLI = [str(Path(sys.prefix) / "bin" / "triton-embed")]
 
 
 @pytest.fixture(scope="module")
@@ -102,27 +97,11 @@ def test_cli_embed_jsonl_to_npy_and_parquet_then_query(
     out = tmp_path / "vectors.npy"
     parquet = tmp_path / "vectors.parquet"
     summary_path = tmp_path / "summary.json"
-    proc = subprocess.run(
-        [
-            *CLI,
-            "embed",
-            str(small_corpus["jsonl"]),
-            "-o",
-            str(out),
-            "--parquet",
-            str(parquet),
-            "--url",
-            server.grpc_url,
-            "--summary-json",
-            str(summary_path),
-            "--batch-size",
-            "8",
-        ],
-        capture_output=True,
-        text=True,
-        env=cli_env,
-        timeout=300,
-    )
+    proc = run_cli(
+        "embed", small_corpus["jsonl"], "-o", out, "--parquet", parquet, "--url",
+        server.grpc_url, "--summary-json", summary_path, "--batch-size", "8", env=cli_env,
+        timeout=300
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (
         "embedded 150 texts" in proc.stdout and "tokens/s" in proc.stdout and "p99" in proc.stdout
@@ -143,26 +122,10 @@ def test_cli_embed_jsonl_to_npy_and_parquet_then_query(
     )
 
     probe = small_corpus["texts"][17]
-    proc = subprocess.run(
-        [
-            *CLI,
-            "query",
-            probe,
-            "--embeddings",
-            str(out),
-            "--corpus",
-            str(small_corpus["jsonl"]),
-            "-k",
-            "3",
-            "--json",
-            "--url",
-            server.grpc_url,
-        ],
-        capture_output=True,
-        text=True,
-        env=cli_env,
-        timeout=120,
-    )
+    proc = run_cli(
+        "query", probe, "--embeddings", out, "--corpus", small_corpus["jsonl"], "-k", "3",
+        "--json", "--url", server.grpc_url, env=cli_env, timeout=120
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     hits = json.loads(proc.stdout)[0]["hits"]
     assert [h["rank"] for h in hits] == [1, 2, 3]
@@ -174,22 +137,10 @@ def test_cli_embed_text_file_one_text_per_line(
     server, reference_model, small_corpus, tmp_path, cli_env
 ):
     out = tmp_path / "lines.npy"
-    proc = subprocess.run(
-        [
-            *CLI,
-            "embed",
-            str(small_corpus["txt"]),
-            "-o",
-            str(out),
-            "--url",
-            server.grpc_url,
-            "--no-progress",
-        ],
-        capture_output=True,
-        text=True,
-        env=cli_env,
-        timeout=300,
-    )
+    proc = run_cli(
+        "embed", small_corpus["txt"], "-o", out, "--url", server.grpc_url, "--no-progress",
+        env=cli_env, timeout=300
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     vectors = np.load(out)
     assert vectors.shape == (40, DIM)
@@ -199,41 +150,17 @@ def test_cli_embed_text_file_one_text_per_line(
 def test_cli_reports_errors_without_a_traceback(server, tmp_path, cli_env):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "ok"}\n{"text": ""}\n')
-    proc = subprocess.run(
-        [
-            *CLI,
-            "embed",
-            str(bad),
-            "-o",
-            str(tmp_path / "x.npy"),
-            "--url",
-            server.grpc_url,
-            "--no-progress",
-        ],
-        capture_output=True,
-        text=True,
-        env=cli_env,
-        timeout=120,
-    )
+    proc = run_cli(
+        "embed", bad, "-o", tmp_path / "x.npy", "--url", server.grpc_url, "--no-progress",
+        env=cli_env, timeout=120
+    )  # fmt: skip
     assert proc.returncode == 1
     assert f"{bad}:2: the text is empty;" in proc.stderr and "Traceback" not in proc.stderr
     assert "pass --allow-empty" in proc.stderr
-    proc = subprocess.run(
-        [
-            *CLI,
-            "embed",
-            str(bad),
-            "-o",
-            str(tmp_path / "x.npy"),
-            "--url",
-            f"127.0.0.1:{free_port()}",
-            "--no-progress",
-        ],
-        capture_output=True,
-        text=True,
-        env=cli_env,
-        timeout=120,
-    )
+    proc = run_cli(
+        "embed", bad, "-o", tmp_path / "x.npy", "--url", f"127.0.0.1:{free_port()}",
+        "--no-progress", env=cli_env, timeout=120
+    )  # fmt: skip
     assert proc.returncode == 1 and "unavailable" in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -242,23 +169,15 @@ def test_cli_output_folder_is_written_under_the_name_given_and_queried_by_it(
 ):
     out = tmp_path / "vec"  # no .npy suffix: an output folder of Parquet shards
     common = ["--url", server.grpc_url]
-    proc = subprocess.run(
-        [*CLI, "embed", str(small_corpus["txt"]), "-o", str(out), "--no-progress", *common],
-        capture_output=True,
-        text=True,
-        env=cli_env,
-        timeout=300,
+    proc = run_cli(
+        "embed", small_corpus["txt"], "-o", out, "--no-progress", *common, env=cli_env, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"-> {out} (" in proc.stdout and (out / "_manifest.json").is_file()
     assert (out / "part-00000.parquet").is_file()
-    query = [*CLI, "query", small_corpus["lines"][3], "--corpus", str(small_corpus["txt"])]
-    proc = subprocess.run(
-        [*query, "--embeddings", str(out), "--json", "-k", "1", *common],
-        capture_output=True,
-        text=True,
-        env=cli_env,
-        timeout=120,
+    query = ["query", small_corpus["lines"][3], "--corpus", small_corpus["txt"]]
+    proc = run_cli(
+        *query, "--embeddings", out, "--json", "-k", "1", *common, env=cli_env, timeout=120
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout)[0]["hits"][0]["index"] == 3

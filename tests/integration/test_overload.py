@@ -1,7 +1,8 @@
 """Overload on a real server: fast refusals, bounded admitted latency, retries that lose nothing.
 
-A private server whose embedder has one replica and a queue of SMALL_QUEUE requests
-(``edit_config(max_queue_size=...)`` on a copy of the shipped repository) is overloaded by
+The session's ``one_embedder_server`` (tests/integration/conftest.py), whose embedder has one
+replica and a queue of SMALL_QUEUE requests (``edit_config(max_queue_size=...)`` on a copy of
+the shipped repository), is overloaded by
 200 concurrent clients (``perf.overload``, asyncio over ``tritonclient.grpc.aio``):
 
 * past capacity a request is refused with gRPC UNAVAILABLE "Exceeds maximum queue size",
@@ -15,29 +16,22 @@ A private server whose embedder has one replica and a queue of SMALL_QUEUE reque
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from triton_embed import EmbeddingClient, RetryPolicy, ServerOverloadedError
 from triton_embed.corpus import read_fortunes
 from triton_embed.errors import QUEUE_FULL
-from triton_embed_server.models.repository.copies import copy_repository, edit_config
-from triton_embed_server.run.launcher import TritonServer
 
 from perf.overload import BackgroundLoad, run_load, summarize
-from tests.helpers import DIM
+from tests.helpers import CLI, DIM
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-SMALL_QUEUE = 4  # requests the embedder holds waiting; the 5th is refused
 CLIENTS = 200
-CLI = [str(Path(sys.prefix) / "bin" / "triton-embed")]
 # Generous bounds for a shared 2-core machine (figures measured there: see the report the
 # first test prints); the admitted bound is the queue's work many times over, an unbounded
 # queue under 200 clients would exceed it.
@@ -50,21 +44,9 @@ POLITE = RetryPolicy()
 
 
 @pytest.fixture(scope="module")
-def small_queue_server(tmp_path_factory):
-    """A private tritonserver: 1 embedder replica with a queue of SMALL_QUEUE requests."""
-    repo = copy_repository(tmp_path_factory.mktemp("overload") / "model_repository")
-    edit_config(repo / "embedder" / "config.pbtxt", count=1, max_queue_size=SMALL_QUEUE)
-    srv = TritonServer(
-        model_repository=repo,
-        ready_timeout_s=float(os.environ.get("TRITON_READY_TIMEOUT_S", "400")),
-    )
-    try:
-        srv.start()
-    except RuntimeError as exc:
-        pytest.fail(f"tritonserver did not start: {exc}")
-    yield srv
-    code = srv.stop()
-    print(f"\nsmall-queue tritonserver stopped with exit code {code}; log: {srv.log_path}")
+def small_queue_server(one_embedder_server):
+    """1 embedder replica with a queue of ``SMALL_QUEUE`` (4) requests; the 5th is refused."""
+    return one_embedder_server
 
 
 @pytest.fixture(scope="module")

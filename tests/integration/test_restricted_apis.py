@@ -14,7 +14,6 @@ import os
 import signal
 import stat
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -35,14 +34,13 @@ from triton_embed.admin import (
 )
 from triton_embed_server.host.admin_key import HTTP_RESTRICTED_APIS, RESTRICTED_APIS
 from triton_embed_server.models.repository.copies import copy_repository, edit_config
-from triton_embed_server.run.launcher import REPO_ROOT, free_port
+from triton_embed_server.run.launcher import free_port
 from tritonclient.utils import InferenceServerException
 
-from tests.helpers import DIM, infer_embed
+from tests.helpers import DIM, infer_embed, run_cli, start_serve_sh
 
 pytestmark = pytest.mark.integration
 
-CLI = [str(Path(sys.prefix) / "bin" / "triton-embed")]
 HTTP_REFUSAL = "This API is restricted, expecting header 'triton-embed-admin-key'"
 GRPC_REFUSAL = (
     "This protocol is restricted, expecting header 'triton-grpc-protocol-triton-embed-admin-key'"
@@ -129,7 +127,7 @@ def env_without_key(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=600)
+    return run_cli(*args, env=env)
 
 
 # ---- the shared server: refusals -------------------------------------------------------------
@@ -341,23 +339,7 @@ def served(tmp_path_factory):
         BIND_ADDRESS=SERVED_ADDRESS,
     )
     log_path = tmp / "serve.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [
-                "bash",
-                str(REPO_ROOT / "scripts" / "serve.sh"),
-                "--http-port",
-                str(http_port),
-                "--grpc-port",
-                str(grpc_port),
-                "--metrics-port",
-                str(metrics_port),
-            ],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    proc = start_serve_sh((http_port, grpc_port, metrics_port), env, log_path)
     srv = Served(
         proc,
         f"http://127.0.0.1:{http_port}",

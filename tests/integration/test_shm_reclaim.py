@@ -23,7 +23,7 @@ from triton_embed_server.run.supervisor.processes import child_stubs, tritonserv
 from triton_embed_server.run.supervisor.shm_watch import RegionWatch
 from tritonclient.utils import InferenceServerException
 
-from tests.helpers import MAX_LENGTH, infer_embed, text_input, tree_rss_mib
+from tests.helpers import MAX_LENGTH, infer_embed, running, text_input, tree_rss_mib
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -42,10 +42,8 @@ class ReclaimingServer(TritonServer):
 
 @pytest.fixture(scope="module")
 def reclaim_server():
-    srv = ReclaimingServer(ready_timeout_s=600)
-    srv.start()
-    yield srv
-    srv.stop()
+    with running(ReclaimingServer(ready_timeout_s=600), "reclaiming tritonserver") as srv:
+        yield srv
 
 
 def tritonserver_and_stubs(server):

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from triton_embed import codec
-from triton_embed.options import DEFAULT_EMBEDDING_TYPE
+from triton_embed.options import DEFAULT_EMBEDDING_TYPE, RequestOptions
 
 from triton_embed_server.host.doctor import host_plan
 from triton_embed_server.host.placement.apply import apply_placement
@@ -32,7 +32,6 @@ from triton_embed_server.steps.errors import (
 )
 from triton_embed_server.steps.metrics import InstanceReporter, StepMetrics
 from triton_embed_server.steps.token_ids import decode_request_token_ids
-from triton_embed_server.steps.tokenization import parse_request_options
 from triton_embed_server.steps.vectors import cut_dimensions, text_vectors
 from triton_embed_server.steps.vllm_engine import PoolingEngine
 
@@ -135,12 +134,12 @@ class TritonPythonModel:
         Raises:
             EmbedServingError: bad token IDs or windows, or an option this model refuses.
         """
-        opts = parse_request_options(json.loads(request.parameters() or "{}"))
-        if opts.dimensions is not None:
-            try:
+        try:  # parsed once, here: the tokenizer step reads the same parameters for its own
+            opts = RequestOptions.from_parameters(json.loads(request.parameters() or "{}"))
+            if opts.dimensions is not None:
                 self.spec.check_dimensions(opts.dimensions)
-            except ValueError as exc:
-                raise InvalidArgumentError(str(exc)) from None
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from None
         payloads = pb_utils.get_input_tensor_by_name(request, "TOKEN_IDS").as_numpy().reshape(-1)
         window_tensor = pb_utils.get_input_tensor_by_name(request, "WINDOWS")
         window_payloads = (

@@ -202,6 +202,20 @@ class _StepConfig:
         """
         return cls._parse(model_config, repository_dir, _preamble(model_config, repository_dir))
 
+    @classmethod
+    def from_args(cls, args: dict[str, Any]):
+        """The config of the step a Python-backend stub is starting (``initialize``'s ``args``).
+
+        Args:
+            args: Triton's ``initialize`` arguments: ``model_config`` (JSON text) and
+                ``model_repository`` (the model's folder; its parent is the repository).
+
+        Raises:
+            ValueError: a parameter is invalid (the message names it).
+        """
+        model_config = json.loads(args["model_config"])
+        return cls.from_model_config(model_config, Path(args["model_repository"]).parent)
+
 
 @dataclass(frozen=True)
 class TokenizerConfig(_StepConfig):

@@ -12,7 +12,6 @@ the engine call (``request.is_cancelled()``) is answered ``CANCELLED`` and not e
 
 import json
 import time
-from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -41,9 +40,7 @@ class TritonPythonModel:
 
     def initialize(self, args):
         """Parse the config, place this replica (NUMA node, CPUs, GPU), start its engine."""
-        model_config = json.loads(args["model_config"])
-        repository_dir = Path(args["model_repository"]).parent
-        self.config = EmbedderConfig.from_model_config(model_config, repository_dir)
+        self.config = EmbedderConfig.from_args(args)
         name = args["model_instance_name"]
         # Where this replica runs (numa_placement): decided once, applied before vLLM/torch
         # start their threads, which inherit the CPU and memory binding.

@@ -107,30 +107,44 @@ def parse_inputs(value: Any, field: str) -> Inputs:
         raise EmptyInput(f"'{field}' is an empty list; send at least one input", param=field)
     first = value[0]
     if isinstance(first, list):
-        _check_count(len(value), field)
-        token_ids = []
-        for i, item in enumerate(value):
-            if not isinstance(item, list):
-                raise BadRequest(
-                    f"{field}[{i}] is {_type_name(item)}; a list that starts with a list of "
-                    "token IDs must hold only lists of token IDs",
-                    param=field,
-                )
-            token_ids.append(_token_ids(item, f"{field}[{i}]"))
-        return Inputs(token_ids=token_ids)
+        lists = _items(value, list, field, "a list of token IDs", "lists of token IDs", _token_ids)
+        return Inputs(token_ids=lists)
     if type(first) is int:
         return Inputs(token_ids=[_token_ids(value, field)])
     if isinstance(first, str):
-        _check_count(len(value), field)
-        for i, item in enumerate(value):
-            if not isinstance(item, str):
-                raise BadRequest(
-                    f"{field}[{i}] is {_type_name(item)}; a list that starts with a string "
-                    "must hold only strings",
-                    param=field,
-                )
-        return Inputs(texts=[text.encode("utf-8") for text in value])
+        texts = _items(value, str, field, "a string", "strings")
+        return Inputs(texts=[text.encode("utf-8") for text in texts])
     raise BadRequest(f"{field}[0] is {_type_name(first)}; '{field}' must be {FORMS}", param=field)
+
+
+def _items(
+    value: list[Any], kind: type, field: str, first: str, items: str, each: Any = None
+) -> list[Any]:
+    """The items of ``value``, each a ``kind`` (and passed through ``each(item, where)``).
+
+    Args:
+        value: the field's list.
+        kind: the type every item must have (that of the first).
+        field: the field's name, for messages.
+        first: what the first item is, e.g. ``"a string"``.
+        items: what every item must be, e.g. ``"strings"``.
+        each: checks one item, e.g. :func:`_token_ids`; ``None``: none.
+
+    Raises:
+        TooLarge: more than :data:`MAX_INPUTS` items.
+        BadRequest: names the first bad item in order, e.g. ``input[3]``.
+    """
+    _check_count(len(value), field)
+    out = []
+    for i, item in enumerate(value):
+        if not isinstance(item, kind):
+            raise BadRequest(
+                f"{field}[{i}] is {_type_name(item)}; a list that starts with {first} "
+                f"must hold only {items}",
+                param=field,
+            )
+        out.append(item if each is None else each(item, f"{field}[{i}]"))
+    return out
 
 
 def _check_count(count: int, field: str) -> None:
@@ -176,6 +190,22 @@ def _dimensions(value: Any, field: str) -> int:
             param=field,
         )
     return value
+
+
+def check_request(inputs: Inputs, parameters: dict[str, Any], model: ModelInfo, field: str) -> None:
+    """Refuse what ``model`` would refuse: an empty text, a ``dimensions`` above its size.
+
+    Args:
+        inputs: the request's inputs, read from ``field``.
+        parameters: its request parameters.
+        model: the ensemble it asks for.
+        field: the API's field of the inputs (``input``, ``inputs``), for messages.
+
+    Raises:
+        BadRequest: :func:`check_not_empty` or :func:`check_dimensions` refuses it.
+    """
+    check_not_empty(inputs, model, field)
+    check_dimensions(parameters, model, DIMENSIONS)
 
 
 def check_dimensions(parameters: dict[str, Any], model: ModelInfo, field: str) -> None:

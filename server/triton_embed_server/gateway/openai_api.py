@@ -41,8 +41,7 @@ from triton_embed.transport import inference
 from triton_embed_server.gateway.errors import BadRequest, quote
 from triton_embed_server.gateway.inputs import (
     Inputs,
-    check_dimensions,
-    check_not_empty,
+    check_request,
     parse_inputs,
     request_parameters,
 )
@@ -181,8 +180,7 @@ async def embeddings(gateway: Gateway, request: Request, state: RequestState) ->
     parsed = parse_embeddings_request(state.body)
     model = gateway.model(parsed.model)
     state.model = model.name
-    check_not_empty(parsed.inputs, model, "input")
-    check_dimensions(parsed.parameters, model, "dimensions")
+    check_request(parsed.inputs, parsed.parameters, model, "input")
     budget = gateway.token_budget(model, parsed.parameters, "input")
     if parsed.inputs.texts is not None:
         result = await gateway.merger.embed_texts(

@@ -48,8 +48,8 @@ from triton_embed_server.gateway.errors import BadRequest, Unavailable, quote
 from triton_embed_server.gateway.inputs import (
     FORMS,
     Inputs,
-    check_dimensions,
     check_not_empty,
+    check_request,
     parse_inputs,
     request_parameters,
 )
@@ -148,8 +148,7 @@ async def embed(gateway: Gateway, request: Request, state: RequestState) -> Resp
     model = gateway.model(gateway.default_model)
     state.model = model.name
     inputs, parameters, normalize = parse_embed_request(state.body, model)
-    check_not_empty(inputs, model, "inputs")
-    check_dimensions(parameters, model, "dimensions")
+    check_request(inputs, parameters, model, "inputs")
     budget = gateway.token_budget(model, parameters, "inputs")
     if inputs.texts is not None:
         result = await gateway.merger.embed_texts(model, inputs.texts, parameters, budget)

@@ -184,8 +184,41 @@ def _preamble(
     return p, path, max_length, p.int("max_chunks", DEFAULT_MAX_CHUNKS, minimum=1)
 
 
+class _StepConfig:
+    """What both steps' configs share: one ``from_model_config`` over :func:`_preamble`."""
+
+    @classmethod
+    def from_model_config(
+        cls, model_config: dict[str, Any], repository_dir: str | Path | None = None
+    ):
+        """Parse and validate the step's model config (Triton's ``model_config`` JSON).
+
+        Args:
+            model_config: the config as Triton passes it to ``initialize``.
+            repository_dir: the model repository, for a relative ``model_path``.
+
+        Raises:
+            ValueError: a parameter is invalid (the message names it).
+        """
+        return cls._parse(model_config, repository_dir, _preamble(model_config, repository_dir))
+
+    @classmethod
+    def from_args(cls, args: dict[str, Any]):
+        """The config of the step a Python-backend stub is starting (``initialize``'s ``args``).
+
+        Args:
+            args: Triton's ``initialize`` arguments: ``model_config`` (JSON text) and
+                ``model_repository`` (the model's folder; its parent is the repository).
+
+        Raises:
+            ValueError: a parameter is invalid (the message names it).
+        """
+        model_config = json.loads(args["model_config"])
+        return cls.from_model_config(model_config, Path(args["model_repository"]).parent)
+
+
 @dataclass(frozen=True)
-class TokenizerConfig:
+class TokenizerConfig(_StepConfig):
     """Configuration of the ``tokenizer`` step.
 
     Attributes:
@@ -218,15 +251,11 @@ class TokenizerConfig:
     max_request_tokens: int = 0
 
     @classmethod
-    def from_model_config(
-        cls, model_config: dict[str, Any], repository_dir: str | Path | None = None
+    def _parse(
+        cls, model_config: dict[str, Any], repository_dir: Any, parts: Any
     ) -> TokenizerConfig:
-        """Parse and validate the ``tokenizer`` model's config.
-
-        Raises:
-            ValueError: a parameter is invalid (the message names it).
-        """
-        p, path, max_length, max_chunks = _preamble(model_config, repository_dir)
+        """The ``tokenizer`` model's config, from what :func:`_preamble` read first."""
+        p, path, max_length, max_chunks = parts
         max_length = max_length or model_max_length(path)
         if max_length < MIN_MAX_LENGTH:
             raise ValueError(f"parameter max_length={max_length} must be >= {MIN_MAX_LENGTH}")
@@ -252,7 +281,7 @@ def _defaults(cls: type) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class EmbedderConfig:
+class EmbedderConfig(_StepConfig):
     """Configuration of the ``embedder`` step (one vLLM engine per model instance).
 
     Attributes:
@@ -360,15 +389,11 @@ class EmbedderConfig:
         )
 
     @classmethod
-    def from_model_config(
-        cls, model_config: dict[str, Any], repository_dir: str | Path | None = None
+    def _parse(
+        cls, model_config: dict[str, Any], repository_dir: Any, parts: Any
     ) -> EmbedderConfig:
-        """Parse and validate the ``embedder`` model's config.
-
-        Raises:
-            ValueError: a parameter is invalid (the message names it).
-        """
-        p, path, max_length, max_chunks = _preamble(model_config, repository_dir)
+        """The ``embedder`` model's config, from what :func:`_preamble` read first."""
+        p, path, max_length, max_chunks = parts
         given = SpecParameters.parse(p.raw, "parameter ")
         max_length = max_length or given.model_max_length or model_max_length(path)
         # KIND_GPU places `count` copies on *each* listed GPU; KIND_CPU places `count`

@@ -12,12 +12,11 @@ the engine call (``request.is_cancelled()``) is answered ``CANCELLED`` and not e
 
 import json
 import time
-from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from triton_embed import codec
-from triton_embed.options import DEFAULT_EMBEDDING_TYPE
+from triton_embed.options import DEFAULT_EMBEDDING_TYPE, RequestOptions
 
 from triton_embed_server.host.doctor import host_plan
 from triton_embed_server.host.placement.apply import apply_placement
@@ -32,7 +31,6 @@ from triton_embed_server.steps.errors import (
 )
 from triton_embed_server.steps.metrics import InstanceReporter, StepMetrics
 from triton_embed_server.steps.token_ids import decode_request_token_ids
-from triton_embed_server.steps.tokenization import parse_request_options
 from triton_embed_server.steps.vectors import cut_dimensions, text_vectors
 from triton_embed_server.steps.vllm_engine import PoolingEngine
 
@@ -42,9 +40,7 @@ class TritonPythonModel:
 
     def initialize(self, args):
         """Parse the config, place this replica (NUMA node, CPUs, GPU), start its engine."""
-        model_config = json.loads(args["model_config"])
-        repository_dir = Path(args["model_repository"]).parent
-        self.config = EmbedderConfig.from_model_config(model_config, repository_dir)
+        self.config = EmbedderConfig.from_args(args)
         name = args["model_instance_name"]
         # Where this replica runs (numa_placement): decided once, applied before vLLM/torch
         # start their threads, which inherit the CPU and memory binding.
@@ -135,12 +131,12 @@ class TritonPythonModel:
         Raises:
             EmbedServingError: bad token IDs or windows, or an option this model refuses.
         """
-        opts = parse_request_options(json.loads(request.parameters() or "{}"))
-        if opts.dimensions is not None:
-            try:
+        try:  # parsed once, here: the tokenizer step reads the same parameters for its own
+            opts = RequestOptions.from_parameters(json.loads(request.parameters() or "{}"))
+            if opts.dimensions is not None:
                 self.spec.check_dimensions(opts.dimensions)
-            except ValueError as exc:
-                raise InvalidArgumentError(str(exc)) from None
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from None
         payloads = pb_utils.get_input_tensor_by_name(request, "TOKEN_IDS").as_numpy().reshape(-1)
         window_tensor = pb_utils.get_input_tensor_by_name(request, "WINDOWS")
         window_payloads = (

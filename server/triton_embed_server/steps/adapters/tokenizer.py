@@ -6,7 +6,6 @@ tensors. All logic lives in the importable ``triton_embed_server`` package.
 
 import json
 import time
-from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -27,9 +26,7 @@ class TritonPythonModel:
 
     def initialize(self, args):
         """Parse the model config and load the fast tokenizer from the model folder."""
-        model_config = json.loads(args["model_config"])
-        repository_dir = Path(args["model_repository"]).parent
-        self.config = TokenizerConfig.from_model_config(model_config, repository_dir)
+        self.config = TokenizerConfig.from_args(args)
         self.tokenizer = TextTokenizer(self.config)
         self.metrics = StepMetrics(pb_utils, "tokenizer", args["model_instance_name"])
         pb_utils.Logger.log_info(

@@ -82,7 +82,7 @@ from triton_embed_server.gateway.errors import (
 from triton_embed_server.gateway.folder_facts import folder_facts
 from triton_embed_server.gateway.merging import Merger
 from triton_embed_server.gateway.metrics import GatewayMetrics
-from triton_embed_server.gateway.settings import GatewaySettings
+from triton_embed_server.gateway.settings import GatewaySettings, configure_logging
 
 log = logging.getLogger("triton_embed.gateway")
 
@@ -398,8 +398,6 @@ def create_app(settings: GatewaySettings) -> Starlette:
 
 def create_app_from_env() -> Starlette:
     """:func:`create_app` of the settings in :data:`SETTINGS_ENV` (``--workers`` processes)."""
-    from triton_embed_server.gateway.command import configure_logging
-
     settings = GatewaySettings.from_json(os.environ[SETTINGS_ENV])
     configure_logging(settings.log_level)
     return create_app(settings)

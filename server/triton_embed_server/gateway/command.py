@@ -15,20 +15,13 @@ import logging
 import os
 import sys
 
-from triton_embed_server.gateway.settings import GatewaySettings
+from triton_embed_server.gateway.settings import GatewaySettings, configure_logging
 
 log = logging.getLogger("triton_embed.gateway")
 
 
 def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
-
-
-def configure_logging(level: str) -> None:
-    """The gateway's log lines on stderr: time, level, ``[gateway]``, message."""
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s [gateway] %(message)s"
-    )
 
 
 def run(settings: GatewaySettings) -> None:

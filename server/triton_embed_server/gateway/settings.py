@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -45,6 +46,17 @@ DEFAULT_MAX_BODY_BYTES = (
 DEFAULT_MAX_REQUEST_TOKENS = 2**17
 #: Seconds a request's body may take beyond its size's share (``--body-timeout-s``).
 DEFAULT_BODY_TIMEOUT_S = 20.0
+
+
+def configure_logging(level: str) -> None:
+    """The gateway's log lines on stderr: time, level, ``[gateway]``, message.
+
+    Args:
+        level: a :mod:`logging` level name, any case (``info``, ``DEBUG``, ...).
+    """
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s [gateway] %(message)s"
+    )
 
 
 @dataclass(frozen=True)

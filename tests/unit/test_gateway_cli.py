@@ -81,3 +81,17 @@ def test_the_limit_flags_reach_the_settings_and_their_defaults_are_the_stated_on
     assert GatewaySettings.from_json(settings.to_json()) == settings
     with pytest.raises(ValueError, match=r"header_timeout_s=0: each must be > 0"):
         GatewaySettings(upstreams=("127.0.0.1:8001",), header_timeout_s=0)
+
+
+def test_a_worker_process_builds_its_app_from_the_settings_in_the_environment(monkeypatch):
+    import logging
+
+    from triton_embed_server.gateway import app
+
+    settings = GatewaySettings(upstreams=("127.0.0.1:8001",), log_level="warning")
+    monkeypatch.setenv(app.SETTINGS_ENV, settings.to_json())
+    monkeypatch.setattr(logging.root, "handlers", [])  # basicConfig configures afresh
+    built = app.create_app_from_env()
+    paths = {route.path for route in built.routes}
+    assert {"/v1/embeddings", "/embed"} <= paths
+    assert logging.root.level == logging.WARNING

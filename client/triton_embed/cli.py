@@ -16,6 +16,9 @@ Subcommands:
     gateway an OpenAI- and TEI-compatible HTTP gateway in front of one or more servers
             (docs/operations.md, "Gateway"; needs the server package)
 
+doctor, repository and gateway belong to the serving host: the server package registers them
+(entry points :data:`COMMANDS_GROUP`); the client package never imports it.
+
 The admin key (docs/operations.md, "Restricted APIs") is read from TRITON_EMBED_ADMIN_KEY,
 the file TRITON_EMBED_ADMIN_KEY_FILE or --admin-key-file, or the server's default key file;
 it is never taken on the command line, where other users of the host could read it.
@@ -25,150 +28,62 @@ from __future__ import annotations
 
 import argparse
 import sys
+from importlib.metadata import entry_points
 from pathlib import Path
 
-from triton_embed.cli_args import (
-    add_connection_args,
-    add_corpus_args,
-    non_negative_int,
-    positive_float,
-    positive_int,
-)
+from triton_embed.cli_args import add_connection_args, add_corpus_args, positive_int
 from triton_embed.cli_bulk import add_bulk_args, add_verify_parser, run_verify
-from triton_embed.cli_commands import (
-    nearest,
-    run_embed,
-    run_gateway,
-    run_query,
-    run_repository,
-    summarize,
-)
-from triton_embed.cli_repository import (
-    REPOSITORY_USAGE,
-    add_repository_args,
-    repository_flag_error,
-)
-from triton_embed.client import DEFAULT_MODEL
+from triton_embed.cli_commands import nearest, run_embed, run_query, summarize
 from triton_embed.errors import EmbedClientError
 from triton_embed.options import EmbeddingType
 
 __all__ = [
-    "add_gateway_args",
+    "COMMANDS_GROUP",
+    "add_server_commands",
     "build_parser",
     "main",
     "nearest",
-    "non_negative_int",
-    "positive_float",
-    "positive_int",
-    "repository_flag_error",
     "run_embed",
-    "run_gateway",
     "run_query",
-    "run_repository",
     "run_verify",
     "summarize",
 ]
 
+#: The entry-point group of the serving host's subcommands (``doctor``, ``repository``,
+#: ``gateway``; pyproject.toml). Each entry is ``register(subparsers)``: it adds one subparser
+#: whose ``run`` default takes the parsed arguments and returns the exit status (``None``: 0).
+#: The server package registers them, so the client never imports it.
+COMMANDS_GROUP = "triton_embed.commands"
 
-def add_gateway_args(p: argparse.ArgumentParser) -> None:
-    """The flags of the gateway, defined once.
 
-    ``triton-embed gateway`` and ``python -m triton_embed_server.gateway`` both take them
-    (:class:`triton_embed_server.gateway.settings.GatewaySettings` reads them). No flag
-    takes a key itself: keys come from files or the environment.
+def add_server_commands(sub: argparse._SubParsersAction) -> None:
+    """Add the subcommands registered under :data:`COMMANDS_GROUP`, in name order.
+
+    A registration that cannot be imported (the server package or its dependencies are
+    missing) still adds its subcommand, which then fails with one line naming what to install.
     """
-    p.add_argument(
-        "--upstream",
-        action="append",
-        required=True,
-        metavar="HOST:PORT[,HOST:PORT...]",
-        help="gRPC address(es) of the Triton servers; a host name is resolved to all its "
-        "addresses every few seconds (a headless Kubernetes Service); may be repeated",
-    )
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
-    p.add_argument(
-        "--port", type=positive_int, default=8080, help="port to listen on (default %(default)s)"
-    )
-    p.add_argument(
-        "--api-key-file",
-        type=Path,
-        default=None,
-        help="file holding the key clients must send as 'Authorization: Bearer <key>' "
-        "(default: TRITON_EMBED_GATEWAY_API_KEY; neither: no key, every route open)",
-    )
-    p.add_argument(
-        "--admin-key-file",
-        type=Path,
-        default=None,
-        help="file holding the servers' admin key, needed to list their models and read "
-        "their configs (default: TRITON_EMBED_ADMIN_KEY, the file TRITON_EMBED_ADMIN_KEY_FILE, "
-        "the server's default key file)",
-    )
-    p.add_argument(
-        "--max-body-mb",
-        type=positive_float,
-        default=None,
-        help="largest request body, MiB; larger ones are answered 413 (default: 2,048 inputs "
-        "of the tokenizer's default character cap, 16,384 bytes, plus JSON: about 32.1 MiB)",
-    )
-    p.add_argument(
-        "--max-request-tokens",
-        type=positive_int,
-        default=131072,
-        help="tokens one embedding request may hold in all; more are answered 400 "
-        "(default %(default)s: 9-26 s of the engine on 2 cores; docs/operations.md)",
-    )
-    p.add_argument(
-        "--header-timeout-s",
-        type=positive_float,
-        default=20.0,
-        help="seconds a request's headers may take; past it 408 and the connection closes "
-        "(default %(default)s)",
-    )
-    p.add_argument(
-        "--body-timeout-s",
-        type=positive_float,
-        default=20.0,
-        help="seconds a request's body may take, plus 1 s per 64 KiB received; past it 408 "
-        "and the connection closes (default %(default)s)",
-    )
-    p.add_argument(
-        "--max-in-flight",
-        type=positive_int,
-        default=512,
-        help="requests handled at once; more are answered 429 (default %(default)s)",
-    )
-    p.add_argument(
-        "--merge-in-flight",
-        type=non_negative_int,
-        default=0,
-        help="upstream calls per model and request options before further small text "
-        "requests wait and are merged into one call; an idle gateway sends at once (default "
-        "%(default)s: no merging, which measured as fast on 2 cores; perf/README.md)",
-    )
-    p.add_argument(
-        "--default-model",
-        default=DEFAULT_MODEL,
-        help="the model of the TEI routes /embed, /tokenize, /info (default %(default)s)",
-    )
-    p.add_argument(
-        "--timeout-s",
-        type=positive_float,
-        default=60.0,
-        help="deadline of one upstream call, seconds; past it 504 (default %(default)s)",
-    )
-    p.add_argument(
-        "--workers",
-        type=positive_int,
-        default=1,
-        help="uvicorn worker processes (default %(default)s; each has its own limits and metrics)",
-    )
-    p.add_argument(
-        "--log-level",
-        choices=("critical", "error", "warning", "info", "debug"),
-        default="info",
-        help="log level (default %(default)s)",
-    )
+    for entry in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
+        try:
+            register = entry.load()
+        except ImportError as exc:
+            # Its flags are unknown: it takes any (no prefix character matches), then fails.
+            missing = sub.add_parser(
+                entry.name, help=f"(not installed: {exc})", prefix_chars="\0", add_help=False
+            )
+            missing.add_argument("rest", nargs=argparse.REMAINDER)
+            missing.set_defaults(run=_not_installed(entry.name, exc))
+            continue
+        register(sub)
+
+
+def _not_installed(name: str, exc: ImportError):
+    def run(args: argparse.Namespace) -> None:
+        raise EmbedClientError(
+            f"{name} needs the server package and its dependencies ({exc}); install "
+            "triton-embed[gateway,serve] on the serving host"
+        )
+
+    return run
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -247,90 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_connection_args(q)
     add_corpus_args(q)
 
-    d = sub.add_parser(
-        "doctor", help="host topology (GPUs, NUMA nodes, cores) and a placement plan"
-    )
-    d.add_argument("--json", action="store_true", help="print JSON (keys: host, plan, warnings)")
-    d.add_argument(
-        "--from-dir",
-        type=Path,
-        default=None,
-        help="read captured outputs instead of running the commands: topo_m.txt "
-        "(nvidia-smi topo -m), p2p.txt (nvidia-smi topo -p2p w|r), lscpu.txt (lscpu), "
-        "numactl.txt (numactl --hardware)",
-    )
-    d.add_argument(
-        "--instances-per-gpu",
-        type=positive_int,
-        default=4,
-        help="embedder instances per GPU (default %(default)s)",
-    )
-    d.add_argument(
-        "--cpu-instances",
-        type=positive_int,
-        default=None,
-        help="embedder instances on a CPU-only host, spread over NUMA nodes (default 2; with "
-        "--chart-values 2 per NUMA node)",
-    )
-    d.add_argument("--plan-out", type=Path, default=None, help="also write the plan as JSON")
-    d.add_argument(
-        "--chart-values",
-        nargs="?",
-        const="-",
-        default=None,
-        metavar="FILE|-",
-        help="Helm values of deploy/helm/triton-embed for this host (pods per node, CPUs, "
-        "memory and GPUs per pod) as YAML, to FILE or, with - or no FILE, to standard output "
-        "instead of the report (docs/kubernetes.md)",
-    )
-    d.add_argument(
-        "--reserved-cores",
-        type=positive_int,
-        default=1,
-        help="with --chart-values: physical cores held back on every NUMA node for the "
-        "kubelet, the system and other pods (default %(default)s; twice that on a host with "
-        "one NUMA node)",
-    )
-    d.add_argument(
-        "--in-pod",
-        "--check-pod",
-        dest="in_pod",
-        action="store_true",
-        help="inside a pod: check that the container's CPUs (cpuset), memory nodes "
-        "(Mems_allowed_list) and GPUs are on one NUMA node; exit 0 ALIGNED, 1 NOT ALIGNED",
-    )
-
-    r = sub.add_parser(
-        "repository",
-        help="add, list or remove an embedding model's Triton models; load or unload them",
-        description="Write, list or remove the Triton models of an embedding model in a model "
-        "repository folder; load or unload models of a running server (sends the admin key).",
-        epilog=REPOSITORY_USAGE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_repository_args(r)
-
-    g = sub.add_parser(
-        "gateway",
-        help="OpenAI- and TEI-compatible HTTP gateway in front of one or more servers",
-        description="Serve POST /v1/embeddings, GET /v1/models (OpenAI) and /embed, "
-        "/tokenize, /info, /health (text-embeddings-inference) over HTTP, calling the "
-        "servers' embedding ensembles over gRPC (docs/operations.md, 'Gateway').",
-    )
-    add_gateway_args(g)
+    add_server_commands(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``triton-embed``; returns the exit code (1 on a reported error)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    command = args.command
-    if command == "repository":
-        command = f"repository {args.action}"
-        problem = repository_flag_error(args)
-        if problem:
-            parser.error(problem)
+    args = build_parser().parse_args(argv)
+    command = " ".join(filter(None, (args.command, getattr(args, "action", None))))
     try:
         if args.command == "embed":
             run_embed(args)
@@ -338,16 +177,8 @@ def main(argv: list[str] | None = None) -> int:
             run_verify(args)
         elif args.command == "query":
             run_query(args)
-        elif args.command == "doctor":
-            # The doctor reads the serving host; the client never imports it otherwise.
-            from triton_embed_server.host.doctor import run_doctor
-
-            if run_doctor(args).get("aligned") is False:
-                return 1  # --in-pod: NOT ALIGNED
-        elif args.command == "repository":
-            run_repository(args)
-        elif args.command == "gateway":
-            run_gateway(args)
+        else:  # a server command (COMMANDS_GROUP)
+            return args.run(args) or 0
     except (EmbedClientError, OSError, ValueError) as exc:
         print(f"triton-embed {command}: error: {exc}", file=sys.stderr)
         return 1

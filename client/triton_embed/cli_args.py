@@ -1,7 +1,7 @@
 """The flags several ``triton-embed`` commands share, and the argparse number types.
 
-Used by :mod:`triton_embed.cli` (the parser), :mod:`triton_embed.cli_repository` and
-:mod:`triton_embed.cli_bulk`.
+Used by :mod:`triton_embed.cli` (the parser), :mod:`triton_embed.cli_bulk` and the server
+package's subcommands (``repository``, ``doctor``, ``gateway``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The bodies of ``triton-embed embed``, ``query``, ``repository`` and ``gateway``.
+"""The bodies of ``triton-embed embed`` and ``query``.
 
 With the helpers they share: where a refused text came from, writing and pre-checking the
 output files, reading the ``--embeddings`` file, the retry policy and admin key from the flags.
@@ -21,14 +21,10 @@ import numpy as np
 from triton_embed.admin import read_key_file
 from triton_embed.cli_bulk import run_bulk
 from triton_embed.cli_bulk import with_cli_flags as _with_cli_flags
-from triton_embed.client import DEFAULT_URL, EmbeddingClient
+from triton_embed.client import EmbeddingClient
 from triton_embed.corpus import read_texts, read_texts_and_lines
 from triton_embed.errors import EmbedClientError, InvalidInputError
-from triton_embed.model_control import ModelControl
 from triton_embed.retry import RetryPolicy
-
-#: Deadline of a load (until the model is ready) or an unload, seconds.
-DEFAULT_REPOSITORY_TIMEOUT_S = 600.0
 
 
 def _plural(n: int, word: str) -> str:
@@ -359,99 +355,3 @@ def run_query(args: argparse.Namespace) -> list[dict]:
                 short = one_line if len(one_line) <= 110 else one_line[:107] + "..."
                 print(f"  {hit['rank']}. [{hit['cosine']:.3f}] #{hit['index']}: {short}")
     return results
-
-
-def run_repository(args: argparse.Namespace) -> None:
-    """``triton-embed repository add|list|remove|load|unload`` (flags checked by the parser).
-
-    ``add``, ``list`` and ``remove`` read model folders: they run the server package's
-    :mod:`triton_embed_server.models.repository`, imported here only (a client-only install has
-    no server package and needs none for ``load`` / ``unload``).
-
-    Raises:
-        ValueError: a model, name or folder that cannot be added, listed or removed (one line).
-        AccessDeniedError: the server refused a load or unload (no admin key, or a wrong one).
-        EmbedClientError: any other failure of a load or unload (Triton's message).
-    """
-    if args.action in ("load", "unload"):
-        with _model_control(args) as control:
-            getattr(control, f"{args.action}_model")(args.name)
-        print(f"{args.action}ed {args.name!r} at {control.url}")
-        return
-    from triton_embed_server.models import repository as gen
-
-    if args.action == "list":
-        models = gen.list_models(args.repository)
-        if args.json:
-            print(json.dumps([m.to_json() for m in models], indent=2))
-        elif models:
-            print(gen.format_table(models))
-        else:
-            print(f"no embedding models in {args.repository}")
-    elif args.action == "remove":
-        gen.removable(args.repository, args.name)  # refuse before unloading anything
-        if args.url is not None:
-            with _model_control(args) as control:
-                control.unload_model(args.name)
-            print(f"unloaded {args.name!r} at {control.url}")
-        removed = gen.remove_model(args.repository, args.name)
-        print(f"removed {args.name!r} from {args.repository}: {_names(removed)}")
-    else:
-        given = {
-            "instances": args.instances,
-            "device": args.device,
-            "max_length": args.max_length,
-            "pooling": args.pooling,
-            "normalize": args.normalize,
-            "dimensions": args.dimensions,
-            "max_chunks": args.max_chunks,
-            "served_model_name": args.served_model_name,
-        }
-        options = gen.ModelOptions(
-            name=args.name,
-            model=args.model,
-            **{key: value for key, value in given.items() if value is not None},
-        )
-        verb = "replaced" if (args.repository / args.name).exists() else "added"
-        written = gen.add_model(args.repository, options, replace=bool(args.replace))
-        print(
-            f"{verb} {args.name!r} in {args.repository}: {_names(written)}; a running server "
-            f"loads it with: triton-embed repository load {args.name} --url HOST:PORT"
-        )
-        for warning in gen.memory_warnings(args.repository):
-            print(f"warning: {warning}", file=sys.stderr)
-
-
-def _names(folders: list[Path]) -> str:
-    return ", ".join(folder.name for folder in folders)
-
-
-def _model_control(args: argparse.Namespace) -> ModelControl:
-    """The repository API client of ``--url``, ``--admin-key-file``, ``--timeout-s``."""
-    return ModelControl(
-        args.url or DEFAULT_URL,
-        admin_key=_key_from_file(args),  # None: read from the environment
-        timeout_s=args.timeout_s or DEFAULT_REPOSITORY_TIMEOUT_S,
-    )
-
-
-def run_gateway(args: argparse.Namespace) -> None:
-    """``triton-embed gateway``: serve the HTTP gateway until stopped.
-
-    The gateway runs on the serving side: its package is imported here, not when the CLI
-    starts (the client never imports the server package otherwise).
-
-    Raises:
-        ValueError: a malformed ``--upstream`` entry or limit.
-        OSError: a key file cannot be read.
-        EmbedClientError: the server package (with the gateway's dependencies) is not
-            installed.
-    """
-    try:
-        from triton_embed_server.gateway.command import run_from_args
-    except ImportError as exc:
-        raise EmbedClientError(
-            f"the gateway needs the server package and its dependencies ({exc}); install "
-            "triton-embed[gateway] next to triton_embed_server"
-        ) from None
-    run_from_args(args)

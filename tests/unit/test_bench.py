@@ -353,14 +353,6 @@ def test_command_line_flags():
     for name in ("instances", "incremental", "batching"):
         assert bench.build_parser().parse_args(["--ablation", name]).ablation == name
     assert bench.build_parser().parse_args(["--mode", "gateway"]).mode == "gateway"
-    assert bench.MODES["gateway"]["rounds"] >= 3 and bench.MODES["gateway"]["lengths"] == [50]
-    assert set(bench.ALTERNATION) == {
-        "gateway_base64",
-        "gateway_float",
-        "vllm_float",
-        "vllm_base64",
-        "triton_client",
-    }
     with pytest.raises(SystemExit):
         bench.build_parser().parse_args(["--ablation", "nope"])
 

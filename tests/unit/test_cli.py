@@ -481,3 +481,20 @@ def test_summary_says_request_or_requests(
     assert main(["embed", str(corpus), "-o", str(tmp_path / "v.npy"), "--no-progress"]) == 0
     printed = capsys.readouterr().out
     assert printed.startswith("embedded 2 texts (2 tokens, dim 2)") and words in printed
+
+
+def test_a_server_command_that_cannot_be_imported_fails_with_one_line(monkeypatch, capsys):
+    from importlib.metadata import EntryPoint
+
+    from triton_embed import cli
+
+    missing = EntryPoint("gateway", "no_such_server_package.command:register", cli.COMMANDS_GROUP)
+    monkeypatch.setattr(cli, "entry_points", lambda group: [missing])
+    assert cli.main(["gateway", "--upstream", "h:1"]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == (
+        "triton-embed gateway: error: gateway needs the server package and its dependencies "
+        "(No module named 'no_such_server_package'); install triton-embed[gateway,serve] on "
+        "the serving host\n"
+    )

@@ -240,6 +240,24 @@ def test_add_refuses_with_one_line_and_writes_nothing(tmp_path, capsys, mini, ca
     assert sorted(p.name for p in repository.iterdir()) == ["embed", "embedder", "tokenizer"]
 
 
+@pytest.mark.parametrize(
+    ("argv", "problem"),
+    [
+        (["add", "--repository", "r", "--name", "n"], "repository add needs --model"),
+        (["list", "--repository", "r", "--name", "n"],
+         "repository list takes no --name (a flag of: add, remove, load, unload)"),
+        (["load", "mini", "--name", "other"],
+         "repository load: NAME 'mini' and --name 'other' differ"),
+        (["unload", "--name", "m", "--replace"],
+         "repository unload takes no --replace (a flag of: add)"),
+    ],
+)  # fmt: skip
+def test_a_flag_the_action_does_not_take_exits_2_naming_it(capsys, argv, problem):
+    code, out, err = run(capsys, "repository", *argv)
+    assert (code, out) == (2, "")
+    assert err.splitlines()[-1] == f"triton-embed repository: error: {problem}"
+
+
 # ---- remove ----------------------------------------------------------------------------------
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from triton_embed.cli import add_gateway_args, build_parser
+from triton_embed.cli import build_parser
 from triton_embed_server.gateway import command
+from triton_embed_server.gateway.command import add_gateway_args
 from triton_embed_server.gateway.settings import GatewaySettings
 
 
@@ -37,12 +38,15 @@ def test_merging_is_off_by_default_and_a_negative_merge_in_flight_is_refused(cap
         GatewaySettings(upstreams=("127.0.0.1:8001",), merge_in_flight=-1)
 
 
-def test_the_module_command_has_the_same_flags():
-    cli = argparse.ArgumentParser()
-    add_gateway_args(cli)
-    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    options = {s for a in sub.choices["gateway"]._actions for s in a.option_strings}
-    assert options == {s for a in cli._actions for s in a.option_strings}
+def test_every_flag_reaches_the_settings_and_the_flag_defaults_are_the_settings_defaults():
+    parser = argparse.ArgumentParser()
+    add_gateway_args(parser)
+    args = parser.parse_args(["--upstream", "127.0.0.1:8001"])
+    assert GatewaySettings.from_args(args) == GatewaySettings(upstreams=("127.0.0.1:8001",))
+    # Every flag has its field (``--upstream`` fills ``upstreams``): none is parsed and dropped.
+    dests = {a.dest for a in parser._actions if a.dest != "help"}
+    fields = set(GatewaySettings.__dataclass_fields__)
+    assert {"upstreams" if d == "upstream" else d for d in dests} == fields
 
 
 def test_upstream_is_required_and_checked(capsys):

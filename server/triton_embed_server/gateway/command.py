@@ -1,6 +1,6 @@
 """The command line: ``triton-embed gateway``, ``python -m triton_embed_server.gateway``.
 
-Both take the flags of :func:`triton_embed.cli.add_gateway_args` and end in :func:`run`:
+Both take the flags of :func:`add_gateway_args` and end in :func:`run`:
 uvicorn serving :func:`~triton_embed_server.gateway.app.create_app`, with uvloop when it is
 installed and the gateway's HTTP protocol (uvicorn's httptools or h11 protocol with a
 request-header timeout, :mod:`~triton_embed_server.gateway.protocol`), one worker process
@@ -14,10 +14,139 @@ import importlib.util
 import logging
 import os
 import sys
+from dataclasses import fields
+from pathlib import Path
+
+from triton_embed.cli_args import non_negative_int, positive_float, positive_int
 
 from triton_embed_server.gateway.settings import GatewaySettings, configure_logging
 
 log = logging.getLogger("triton_embed.gateway")
+
+#: The flags' defaults: the settings' field defaults, stated once there.
+_DEFAULT = {f.name: f.default for f in fields(GatewaySettings)}
+
+
+def add_gateway_args(p: argparse.ArgumentParser) -> None:
+    """The flags of the gateway, defined once.
+
+    ``triton-embed gateway`` (:func:`register`) and ``python -m triton_embed_server.gateway``
+    (:func:`main`) both take them; :meth:`GatewaySettings.from_args` reads them. No flag
+    takes a key itself: keys come from files or the environment.
+    """
+    p.add_argument(
+        "--upstream",
+        action="append",
+        required=True,
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="gRPC address(es) of the Triton servers; a host name is resolved to all its "
+        "addresses every few seconds (a headless Kubernetes Service); may be repeated",
+    )
+    p.add_argument(
+        "--host", default=_DEFAULT["host"], help="address to listen on (default %(default)s)"
+    )
+    p.add_argument(
+        "--port",
+        type=positive_int,
+        default=_DEFAULT["port"],
+        help="port to listen on (default %(default)s)",
+    )
+    p.add_argument(
+        "--api-key-file",
+        type=Path,
+        default=None,
+        help="file holding the key clients must send as 'Authorization: Bearer <key>' "
+        "(default: TRITON_EMBED_GATEWAY_API_KEY; neither: no key, every route open)",
+    )
+    p.add_argument(
+        "--admin-key-file",
+        type=Path,
+        default=None,
+        help="file holding the servers' admin key, needed to list their models and read "
+        "their configs (default: TRITON_EMBED_ADMIN_KEY, the file TRITON_EMBED_ADMIN_KEY_FILE, "
+        "the server's default key file)",
+    )
+    p.add_argument(
+        "--max-body-mb",
+        type=positive_float,
+        default=None,
+        help="largest request body, MiB; larger ones are answered 413 (default: 2,048 inputs "
+        "of the tokenizer's default character cap, 16,384 bytes, plus JSON: about 32.1 MiB)",
+    )
+    p.add_argument(
+        "--max-request-tokens",
+        type=positive_int,
+        default=_DEFAULT["max_request_tokens"],
+        help="tokens one embedding request may hold in all; more are answered 400 "
+        "(default %(default)s: 9-26 s of the engine on 2 cores; docs/operations.md)",
+    )
+    p.add_argument(
+        "--header-timeout-s",
+        type=positive_float,
+        default=_DEFAULT["header_timeout_s"],
+        help="seconds a request's headers may take; past it 408 and the connection closes "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--body-timeout-s",
+        type=positive_float,
+        default=_DEFAULT["body_timeout_s"],
+        help="seconds a request's body may take, plus 1 s per 64 KiB received; past it 408 "
+        "and the connection closes (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-in-flight",
+        type=positive_int,
+        default=_DEFAULT["max_in_flight"],
+        help="requests handled at once; more are answered 429 (default %(default)s)",
+    )
+    p.add_argument(
+        "--merge-in-flight",
+        type=non_negative_int,
+        default=_DEFAULT["merge_in_flight"],
+        help="upstream calls per model and request options before further small text "
+        "requests wait and are merged into one call; an idle gateway sends at once (default "
+        "%(default)s: no merging, which measured as fast on 2 cores; perf/README.md)",
+    )
+    p.add_argument(
+        "--default-model",
+        default=_DEFAULT["default_model"],
+        help="the model of the TEI routes /embed, /tokenize, /info (default %(default)s)",
+    )
+    p.add_argument(
+        "--timeout-s",
+        type=positive_float,
+        default=_DEFAULT["timeout_s"],
+        help="deadline of one upstream call, seconds; past it 504 (default %(default)s)",
+    )
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        default=_DEFAULT["workers"],
+        help="uvicorn worker processes (default %(default)s; each has its own limits and metrics)",
+    )
+    p.add_argument(
+        "--log-level",
+        choices=("critical", "error", "warning", "info", "debug"),
+        default=_DEFAULT["log_level"],
+        help="log level (default %(default)s)",
+    )
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``gateway`` to the ``triton-embed`` subcommands (entry point ``triton_embed.commands``).
+
+    Its ``run`` default is :func:`run_from_args`.
+    """
+    g = subparsers.add_parser(
+        "gateway",
+        help="OpenAI- and TEI-compatible HTTP gateway in front of one or more servers",
+        description="Serve POST /v1/embeddings, GET /v1/models (OpenAI) and /embed, "
+        "/tokenize, /info, /health (text-embeddings-inference) over HTTP, calling the "
+        "servers' embedding ensembles over gRPC (docs/operations.md, 'Gateway').",
+    )
+    add_gateway_args(g)
+    g.set_defaults(run=run_from_args)
 
 
 def _installed(module: str) -> bool:
@@ -61,7 +190,7 @@ def run(settings: GatewaySettings) -> None:
 
 
 def run_from_args(args: argparse.Namespace) -> None:
-    """:func:`run` with the settings of parsed :func:`triton_embed.cli.add_gateway_args` flags.
+    """:func:`run` with the settings of parsed :func:`add_gateway_args` flags.
 
     Raises:
         ValueError: a malformed ``--upstream`` entry or limit.
@@ -72,8 +201,6 @@ def run_from_args(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m triton_embed_server.gateway [flags]``; returns the exit code."""
-    from triton_embed.cli import add_gateway_args
-
     parser = argparse.ArgumentParser(
         prog="python -m triton_embed_server.gateway",
         description="OpenAI- and TEI-compatible HTTP gateway in front of Triton embedding "

@@ -1,6 +1,6 @@
 """The gateway's settings: parsed once from the command line, validated, passed as one object.
 
-The flags and their defaults are defined once, in :func:`triton_embed.cli.add_gateway_args`
+The flags are defined once, in :func:`~triton_embed_server.gateway.command.add_gateway_args`
 (``triton-embed gateway`` and ``python -m triton_embed_server.gateway`` share them). Keys
 are not settings: the settings name the files (``--api-key-file``, ``--admin-key-file``)
 and each process reads them (:meth:`GatewaySettings.api_key`, :meth:`~GatewaySettings.admin_key`),
@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from triton_embed.admin import read_admin_key, read_key_file
+from triton_embed.client import DEFAULT_MODEL
 from triton_embed.transport.addresses import Target, parse_upstreams
 from triton_embed.transport.inference import MAX_INPUTS
 
@@ -101,7 +102,7 @@ class GatewaySettings:
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     max_in_flight: int = 512
     merge_in_flight: int = 0
-    default_model: str = "embed"
+    default_model: str = DEFAULT_MODEL
     timeout_s: float = 60.0
     workers: int = 1
     log_level: str = "info"

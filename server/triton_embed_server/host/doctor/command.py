@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from triton_embed.cli_args import positive_int
+
 from triton_embed_server.host.doctor.chart import (
     DEFAULT_RESERVED_CORES,
     chart_values,
@@ -29,6 +31,76 @@ from triton_embed_server.host.doctor.report import render_report
 DEFAULT_CPU_INSTANCES = 2
 #: ``--chart-values`` with no file: the values go to standard output.
 STDOUT = "-"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``doctor`` to the ``triton-embed`` subcommands (entry point ``triton_embed.commands``).
+
+    Its ``run`` default returns the exit status: 1 when ``--in-pod`` finds the container NOT
+    ALIGNED, else ``None`` (0).
+    """
+    d = subparsers.add_parser(
+        "doctor", help="host topology (GPUs, NUMA nodes, cores) and a placement plan"
+    )
+    add_doctor_args(d)
+    d.set_defaults(run=_exit_status)
+
+
+def _exit_status(args: argparse.Namespace) -> int | None:
+    return 1 if run_doctor(args).get("aligned") is False else None
+
+
+def add_doctor_args(d: argparse.ArgumentParser) -> None:
+    """The flags of ``triton-embed doctor`` (read by :func:`run_doctor`)."""
+    d.add_argument("--json", action="store_true", help="print JSON (keys: host, plan, warnings)")
+    d.add_argument(
+        "--from-dir",
+        type=Path,
+        default=None,
+        help="read captured outputs instead of running the commands: topo_m.txt "
+        "(nvidia-smi topo -m), p2p.txt (nvidia-smi topo -p2p w|r), lscpu.txt (lscpu), "
+        "numactl.txt (numactl --hardware)",
+    )
+    d.add_argument(
+        "--instances-per-gpu",
+        type=positive_int,
+        default=4,
+        help="embedder instances per GPU (default %(default)s)",
+    )
+    d.add_argument(
+        "--cpu-instances",
+        type=positive_int,
+        default=None,
+        help="embedder instances on a CPU-only host, spread over NUMA nodes (default "
+        f"{DEFAULT_CPU_INSTANCES}; with --chart-values {DEFAULT_CPU_INSTANCES} per NUMA node)",
+    )
+    d.add_argument("--plan-out", type=Path, default=None, help="also write the plan as JSON")
+    d.add_argument(
+        "--chart-values",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="FILE|-",
+        help="Helm values of deploy/helm/triton-embed for this host (pods per node, CPUs, "
+        "memory and GPUs per pod) as YAML, to FILE or, with - or no FILE, to standard output "
+        "instead of the report (docs/kubernetes.md)",
+    )
+    d.add_argument(
+        "--reserved-cores",
+        type=positive_int,
+        default=DEFAULT_RESERVED_CORES,
+        help="with --chart-values: physical cores held back on every NUMA node for the "
+        "kubelet, the system and other pods (default %(default)s; twice that on a host with "
+        "one NUMA node)",
+    )
+    d.add_argument(
+        "--in-pod",
+        "--check-pod",
+        dest="in_pod",
+        action="store_true",
+        help="inside a pod: check that the container's CPUs (cpuset), memory nodes "
+        "(Mems_allowed_list) and GPUs are on one NUMA node; exit 0 ALIGNED, 1 NOT ALIGNED",
+    )
 
 
 def run_doctor(args: argparse.Namespace) -> dict[str, Any]:

@@ -1,16 +1,34 @@
-"""The flags of ``triton-embed repository add|list|remove|load|unload`` and their check.
+"""``triton-embed repository add|list|remove|load|unload``: its flags, their check, its body.
 
-One parser takes every action's flags (all listed by ``triton-embed repository --help``);
-:func:`repository_flag_error` then refuses a flag the action does not take.
+Registered as a ``triton-embed`` subcommand by the entry point ``triton_embed.commands``
+(:func:`register`). One parser takes every action's flags (all listed by
+``triton-embed repository --help``); :func:`repository_flag_error` then refuses a flag the
+action does not take.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
 
+from triton_embed.admin import read_key_file
 from triton_embed.cli_args import non_negative_int, positive_float, positive_int
 from triton_embed.client import DEFAULT_URL
+from triton_embed.model_control import ModelControl
+
+from triton_embed_server.models.repository.add import add_model, memory_warnings
+from triton_embed_server.models.repository.listing import format_table, list_models
+from triton_embed_server.models.repository.remove import removable, remove_model
+from triton_embed_server.models.repository.render import (
+    DEFAULT_INSTANCES,
+    DEFAULT_MAX_CHUNKS,
+    ModelOptions,
+)
+
+#: Deadline of a load (until the model is ready) or an unload, seconds.
+DEFAULT_REPOSITORY_TIMEOUT_S = 600.0
 
 REPOSITORY_USAGE = """\
 actions and their flags:
@@ -83,7 +101,8 @@ def add_repository_args(r: argparse.ArgumentParser) -> None:
     r.add_argument(
         "--instances",
         type=positive_int,
-        help="add: embedder instances (per GPU with --device gpu; default 2 on cpu, 4 on gpu)",
+        help="add: embedder instances (per GPU with --device gpu; default "
+        f"{DEFAULT_INSTANCES['cpu']} on cpu, {DEFAULT_INSTANCES['gpu']} on gpu)",
     )
     r.add_argument(
         "--device",
@@ -114,7 +133,8 @@ def add_repository_args(r: argparse.ArgumentParser) -> None:
     r.add_argument(
         "--max-chunks",
         type=positive_int,
-        help="add: the most windows one text is cut into with truncation=CHUNK (default 16)",
+        help="add: the most windows one text is cut into with truncation=CHUNK (default "
+        f"{DEFAULT_MAX_CHUNKS})",
     )
     r.add_argument(
         "--served-model-name",
@@ -145,5 +165,103 @@ def add_repository_args(r: argparse.ArgumentParser) -> None:
     r.add_argument(
         "--timeout-s",
         type=positive_float,
-        help="deadline of a load (until ready) or unload, seconds (default 600)",
+        help="deadline of a load (until ready) or unload, seconds (default "
+        f"{DEFAULT_REPOSITORY_TIMEOUT_S:g})",
+    )
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``repository`` to the ``triton-embed`` subcommands (entry point of the CLI).
+
+    A flag the action does not take exits 2 with argparse's usage and the reason.
+    """
+    r = subparsers.add_parser(
+        "repository",
+        help="add, list or remove an embedding model's Triton models; load or unload them",
+        description="Write, list or remove the Triton models of an embedding model in a model "
+        "repository folder; load or unload models of a running server (sends the admin key).",
+        epilog=REPOSITORY_USAGE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_repository_args(r)
+
+    def run(args: argparse.Namespace) -> None:
+        problem = repository_flag_error(args)
+        if problem:
+            r.error(problem)
+        run_repository(args)
+
+    r.set_defaults(run=run)
+
+
+def run_repository(args: argparse.Namespace) -> None:
+    """``triton-embed repository add|list|remove|load|unload`` (flags checked by the parser).
+
+    ``add``, ``list`` and ``remove`` read and write model folders
+    (:mod:`~triton_embed_server.models.repository`); ``load`` and ``unload`` call the server's
+    repository API through :class:`triton_embed.model_control.ModelControl`.
+
+    Raises:
+        ValueError: a model, name or folder that cannot be added, listed or removed (one line).
+        AccessDeniedError: the server refused a load or unload (no admin key, or a wrong one).
+        EmbedClientError: any other failure of a load or unload (Triton's message).
+    """
+    if args.action in ("load", "unload"):
+        with _model_control(args) as control:
+            getattr(control, f"{args.action}_model")(args.name)
+        print(f"{args.action}ed {args.name!r} at {control.url}")
+        return
+    if args.action == "list":
+        models = list_models(args.repository)
+        if args.json:
+            print(json.dumps([m.to_json() for m in models], indent=2))
+        elif models:
+            print(format_table(models))
+        else:
+            print(f"no embedding models in {args.repository}")
+    elif args.action == "remove":
+        removable(args.repository, args.name)  # refuse before unloading anything
+        if args.url is not None:
+            with _model_control(args) as control:
+                control.unload_model(args.name)
+            print(f"unloaded {args.name!r} at {control.url}")
+        removed = remove_model(args.repository, args.name)
+        print(f"removed {args.name!r} from {args.repository}: {_names(removed)}")
+    else:
+        given = {
+            "instances": args.instances,
+            "device": args.device,
+            "max_length": args.max_length,
+            "pooling": args.pooling,
+            "normalize": args.normalize,
+            "dimensions": args.dimensions,
+            "max_chunks": args.max_chunks,
+            "served_model_name": args.served_model_name,
+        }
+        options = ModelOptions(
+            name=args.name,
+            model=args.model,
+            **{key: value for key, value in given.items() if value is not None},
+        )
+        verb = "replaced" if (args.repository / args.name).exists() else "added"
+        written = add_model(args.repository, options, replace=bool(args.replace))
+        print(
+            f"{verb} {args.name!r} in {args.repository}: {_names(written)}; a running server "
+            f"loads it with: triton-embed repository load {args.name} --url HOST:PORT"
+        )
+        for warning in memory_warnings(args.repository):
+            print(f"warning: {warning}", file=sys.stderr)
+
+
+def _names(folders: list[Path]) -> str:
+    return ", ".join(folder.name for folder in folders)
+
+
+def _model_control(args: argparse.Namespace) -> ModelControl:
+    """The repository API client of ``--url``, ``--admin-key-file``, ``--timeout-s``."""
+    return ModelControl(
+        args.url or DEFAULT_URL,
+        # None: ModelControl reads the key from the environment
+        admin_key=None if args.admin_key_file is None else read_key_file(args.admin_key_file),
+        timeout_s=args.timeout_s or DEFAULT_REPOSITORY_TIMEOUT_S,
     )

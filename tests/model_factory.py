@@ -346,7 +346,19 @@ def make_decoder_embedder(
     )
 
 
-def _make_bert(path: str | Path, *, pooling: _Pooling, seed: int) -> Path:
+def _make_bert(
+    path: str | Path,
+    *,
+    mode: Literal["cls", "mean"],
+    include_prompt: bool,
+    normalize: bool,
+    prompts: dict[str, str] | None,
+    seed: int,
+) -> Path:
+    """A WordPiece BERT encoder pooled by ``mode``: ``max_seq_length`` 128, no default prompt."""
+    pooling = _Pooling(
+        mode, include_prompt, normalize, prompts, default_prompt_name=None, max_seq_length=128
+    )
     return _build(
         path,
         config={"model_type": "bert"},
@@ -369,15 +381,14 @@ def make_cls_encoder(
     ``config_sentence_transformers.json`` (:data:`ENCODER_PROMPTS` when ``prompts``, no
     default prompt).
     """
-    pooling = _Pooling(
+    return _make_bert(
+        path,
         mode="cls",
         include_prompt=True,
         normalize=normalize,
         prompts=dict(ENCODER_PROMPTS) if prompts else None,
-        default_prompt_name=None,
-        max_seq_length=128,
+        seed=seed,
     )
-    return _make_bert(path, pooling=pooling, seed=seed)
 
 
 def make_mean_encoder(
@@ -390,12 +401,11 @@ def make_mean_encoder(
     out of the mean; vLLM ignores the key and always averages every token), the prompts are
     :data:`MEAN_ENCODER_PROMPTS`, and there is no Normalize module unless ``normalize``.
     """
-    pooling = _Pooling(
+    return _make_bert(
+        path,
         mode="mean",
         include_prompt=include_prompt,
         normalize=normalize,
         prompts=dict(MEAN_ENCODER_PROMPTS),
-        default_prompt_name=None,
-        max_seq_length=128,
+        seed=seed,
     )
-    return _make_bert(path, pooling=pooling, seed=seed)

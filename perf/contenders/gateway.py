@@ -18,7 +18,7 @@ import time
 import urllib.error
 import urllib.request
 
-from triton_embed_server.run.launcher import Gateway, TritonServer
+from triton_embed_server.run.launcher import Gateway, TritonServer, stopped_on_failure
 
 from perf.contenders.openai_load import embeddings_load, request_body
 
@@ -77,11 +77,8 @@ class GatewayServer:
 
     def __enter__(self) -> GatewayServer:
         self.launcher.start()
-        try:
+        with stopped_on_failure(self.launcher.stop):
             self._wait_ready()
-        except BaseException:
-            self.launcher.stop()
-            raise
         return self
 
     def _wait_ready(self) -> None:

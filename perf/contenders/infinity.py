@@ -24,7 +24,12 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
-from triton_embed_server.run.launcher import REPO_ROOT, free_port, stop_process
+from triton_embed_server.run.launcher import (
+    REPO_ROOT,
+    free_port,
+    stop_process,
+    stopped_on_failure,
+)
 
 from perf.contenders.openai_load import decode, request_body, wait_healthy
 from perf.corpora import MAX_TOKENS, MODEL
@@ -91,11 +96,8 @@ class InfinityServer:
         if problem:
             self.__exit__()
             raise RuntimeError(f"Infinity ({self.engine}) {problem}:\n{self.log_tail()}")
-        try:
+        with stopped_on_failure(self.__exit__):
             self.check_vectors()
-        except BaseException:
-            self.__exit__()
-            raise
         return self
 
     def check_vectors(self) -> None:

@@ -49,6 +49,31 @@ def run(args: list[str], timeout_s: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
 
 
+def kubernetes_validate(path: Path, docs: list[dict], kube_version: str) -> tuple[int, str]:
+    """Write ``docs`` to ``path`` and run ``kubernetes-validate --strict`` on them.
+
+    Returns:
+        ``(exit status, stdout + stderr)``, validated against ``kube_version``'s schemas.
+    """
+    path.write_text(yaml.safe_dump_all(docs))
+    proc = run([str(KUBERNETES_VALIDATE), "--strict", "-k", kube_version, str(path)])
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def assert_valid_kubernetes(path: Path, docs: list[dict], kube_version: str) -> None:
+    """Assert that every one of ``docs`` has a schema of ``kube_version`` and passes it.
+
+    Raises:
+        AssertionError: kubernetes-validate failed, or passed fewer documents than given
+            (one had no schema); with its output.
+    """
+    code, out = kubernetes_validate(path, docs, kube_version)
+    assert code == 0, f"kubernetes-validate --strict -k {kube_version}:\n{out}"
+    minor = kube_version.rsplit(".", 1)[0]
+    passed = re.findall(rf"passed for resource \S+ against version {re.escape(minor)}", out)
+    assert len(passed) == len(docs), out
+
+
 def helm(*args: str) -> subprocess.CompletedProcess:
     """``helm ARGS`` (its symlink notices on stderr are expected: files/ holds two)."""
     return run([str(HELM), *args])

@@ -233,39 +233,42 @@ def test_input_grown_mid_run_fails_and_the_output_is_not_complete(tmp_path):
     assert shards.verify(out, Source(path)).problems == []
 
 
-def test_input_truncated_mid_run_fails(tmp_path):
-    path = text_input(tmp_path, 3000)
-    out = tmp_path / "out"
-    job = BulkJob(Source(path), out, [], JobSettings(shard_rows=1000, concurrency=2),
-                  progress=False)  # fmt: skip
-
-    def truncate() -> None:
-        with path.open("r+") as f:
-            f.truncate(len("".join(f"line {i}\n" for i in range(2500))))
-
-    with pytest.raises(InputChangedError, match=r"2500 records were read, 3000 when the job "
-                       r"started \(it was truncated or rewritten\)"):  # fmt: skip
-        run(job, FakeEmbedder(after_first_call=truncate), size=100)
-    assert shards.read_manifest(out)["complete"] is False
+def truncate_to_2500_lines(path: Path) -> None:
+    with path.open("r+") as f:
+        f.truncate(len("".join(f"line {i}\n" for i in range(2500))))
 
 
-def test_input_rewritten_in_place_mid_run_fails(tmp_path):
+def rewrite_near_the_end(path: Path) -> None:
     """Same size, same line count, other bytes near the end: only the hash can tell."""
+    data = bytearray(path.read_bytes())
+    data[-3] = ord("8") if data[-3] != ord("8") else ord("7")  # "line 2999" -> "line 2989"
+    with path.open("r+b") as f:
+        f.write(data)
+
+
+@pytest.mark.parametrize(
+    "change, error",
+    [
+        pytest.param(
+            truncate_to_2500_lines,
+            r"2500 records were read, 3000 when the job started \(it was truncated or rewritten\)",
+            id="truncated",
+        ),
+        pytest.param(
+            rewrite_near_the_end,
+            r"the bytes read \(SHA-256 [0-9a-f]{12}\.\.\.\) are not those of the file the job "
+            r"started with \([0-9a-f]{12}\.\.\.\): it was rewritten",
+            id="rewritten-in-place",
+        ),
+    ],
+)
+def test_input_changed_mid_run_fails(tmp_path, change, error):
     path = text_input(tmp_path, 3000)
     out = tmp_path / "out"
     job = BulkJob(Source(path), out, [], JobSettings(shard_rows=1000, concurrency=2),
                   progress=False)  # fmt: skip
-
-    def rewrite() -> None:
-        data = bytearray(path.read_bytes())
-        data[-3] = ord("8") if data[-3] != ord("8") else ord("7")  # "line 2999" -> "line 2989"
-        with path.open("r+b") as f:
-            f.write(data)
-
-    with pytest.raises(InputChangedError, match=r"the bytes read \(SHA-256 [0-9a-f]{12}\.\.\.\) "
-                       r"are not those of the file the job started with \([0-9a-f]{12}\.\.\.\): "
-                       "it was rewritten"):  # fmt: skip
-        run(job, FakeEmbedder(after_first_call=rewrite), size=100)
+    with pytest.raises(InputChangedError, match=error):
+        run(job, FakeEmbedder(after_first_call=lambda: change(path)), size=100)
     manifest = shards.read_manifest(out)
     assert manifest["complete"] is False
     assert len(manifest["shards"]) < 3  # the last shard is not written from changed bytes

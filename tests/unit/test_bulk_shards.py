@@ -307,12 +307,45 @@ def test_verify_shard_deleted(tmp_path):
     assert verdict.shards == 1
 
 
-def test_verify_manifest_not_complete(tmp_path):
+def second_shard_wider(out: Path, manifest: dict) -> dict:
+    """Rewrite the second shard with embeddings one value wider; the manifest that lists it."""
+    entry = shards.write_shard(out, 1, shard_table([3, 4, 5], dim=DIM + 1), 3, manifest["job_id"])
+    return dict(manifest, shards=[manifest["shards"][0], entry])
+
+
+def second_entry_says_4_rows(out: Path, manifest: dict) -> dict:
+    entries = [manifest["shards"][0], dict(manifest["shards"][1], rows=4, last_id=6)]
+    return dict(manifest, shards=entries)
+
+
+@pytest.mark.parametrize(
+    "edit, parts",
+    [
+        pytest.param(
+            lambda out, manifest: dict(manifest, complete=False),
+            ("the job is not complete", "2 shards written"),
+            id="manifest-not-complete",
+        ),
+        pytest.param(
+            second_entry_says_4_rows,
+            ("part-00001.parquet: rows or id range differ", "3 rows, ids 3..5"),
+            id="entry-rows-or-ids-mismatch",
+        ),
+        pytest.param(
+            second_shard_wider,
+            ("part-00001.parquet: columns", "differ from the first shard's"),
+            id="different-embedding-widths",
+        ),
+    ],
+)
+def test_verify_one_problem(tmp_path, edit, parts):
+    """``edit(out, manifest)`` breaks the good output and gives the manifest written."""
     out, manifest = good_output(tmp_path)
-    shards.write_manifest(out, dict(manifest, complete=False))
+    shards.write_manifest(out, edit(out, manifest))
     verdict = shards.verify(out)
     assert len(verdict.problems) == 1
-    only_problem(verdict, "the job is not complete", "2 shards written")
+    only_problem(verdict, *parts)
+    assert verdict.dim == DIM
 
 
 def test_verify_duplicate_ids_across_shards(tmp_path):
@@ -327,25 +360,6 @@ def test_verify_rows_mismatch_in_the_manifest(tmp_path):
     out, manifest = good_output(tmp_path)
     shards.write_manifest(out, dict(manifest, rows=7))
     assert shards.verify(out).problems == ["the shards hold 6 rows, the manifest says 7"]
-
-
-def test_verify_shard_entry_rows_or_ids_mismatch(tmp_path):
-    out, manifest = good_output(tmp_path)
-    entries = [manifest["shards"][0], dict(manifest["shards"][1], rows=4, last_id=6)]
-    shards.write_manifest(out, dict(manifest, shards=entries))
-    verdict = shards.verify(out)
-    assert len(verdict.problems) == 1
-    only_problem(verdict, "part-00001.parquet: rows or id range differ", "3 rows, ids 3..5")
-
-
-def test_verify_shards_with_different_embedding_widths(tmp_path):
-    out, manifest = good_output(tmp_path)
-    entry = shards.write_shard(out, 1, shard_table([3, 4, 5], dim=DIM + 1), 3, manifest["job_id"])
-    shards.write_manifest(out, dict(manifest, shards=[manifest["shards"][0], entry]))
-    verdict = shards.verify(out)
-    assert len(verdict.problems) == 1
-    only_problem(verdict, "part-00001.parquet: columns", "differ from the first shard's")
-    assert verdict.dim == DIM
 
 
 def test_verify_wrong_dimension_in_the_manifest(tmp_path):

@@ -90,39 +90,39 @@ def test_text_invalid_utf8_after_bom_names_the_bad_byte(tmp_path):
 # --- JSON Lines -------------------------------------------------------------------------------
 
 
-def test_jsonl_int_ids(tmp_path):
-    path = write_jsonl(
-        tmp_path / "c.jsonl", [{"id": 10, "text": "a"}, {"id": 7, "text": "b", "x": 1}]
-    )
+@pytest.mark.parametrize(
+    "content, field_and_type, read",
+    [
+        (
+            '{"id": 10, "text": "a"}\n{"id": 7, "text": "b", "x": 1}\n',
+            ("id", "int64"),
+            ([10, 7], ["a", "b"], [1, 2]),
+        ),
+        (
+            '{"id": "doc-1", "text": "a"}\n\n{"id": "doc-2", "text": "b"}\n',
+            ("id", "string"),
+            (["doc-1", "doc-2"], ["a", "b"], [1, 3]),
+        ),
+        # without an id field the ids are the zero-based line numbers
+        (
+            '{"text": "a"}\n\n{"text": "b", "idx": 5}\n{"text": "c"}\n',
+            (None, "int64"),
+            ([0, 2, 3], ["a", "b", "c"], [1, 3, 4]),
+        ),
+    ],
+    ids=["int-ids", "str-ids", "no-id-field"],
+)
+def test_jsonl_ids(tmp_path, content, field_and_type, read):
+    """``field_and_type``: the id field (None: none) and the id type; ``read``: the (ids,
+    texts, line numbers) of the records."""
+    id_field, id_type = field_and_type
+    path = tmp_path / "c.jsonl"
+    path.write_text(content)
     source = Source(path)
     assert source.format == "jsonl"
-    assert (source.id_type, source.has_ids) == ("int64", True)
-    ids, texts, lines = read_all(source)
-    assert ids == [10, 7]
-    assert texts == ["a", "b"]
-    assert lines == [1, 2]
-
-
-def test_jsonl_str_ids(tmp_path):
-    path = tmp_path / "c.jsonl"
-    path.write_text('{"id": "doc-1", "text": "a"}\n\n{"id": "doc-2", "text": "b"}\n')
-    source = Source(path)
-    assert (source.id_type, source.has_ids) == ("string", True)
-    ids, texts, lines = read_all(source)
-    assert ids == ["doc-1", "doc-2"]
-    assert texts == ["a", "b"]
-    assert lines == [1, 3]
-
-
-def test_jsonl_without_id_field_uses_line_numbers(tmp_path):
-    path = tmp_path / "c.jsonl"
-    path.write_text('{"text": "a"}\n\n{"text": "b", "idx": 5}\n{"text": "c"}\n')
-    source = Source(path)
-    assert (source.id_type, source.has_ids) == ("int64", False)
-    assert source.describe()["id_field"] is None
-    ids, texts, _ = read_all(source)
-    assert ids == [0, 2, 3]
-    assert texts == ["a", "b", "c"]
+    assert (source.id_type, source.has_ids) == (id_type, id_field is not None)
+    assert source.describe()["id_field"] == id_field
+    assert read_all(source) == read
 
 
 def test_jsonl_bom_on_first_line_dropped(tmp_path):
@@ -131,47 +131,50 @@ def test_jsonl_bom_on_first_line_dropped(tmp_path):
     assert read_all(Source(path))[0] == [1]
 
 
-def test_jsonl_record_missing_id_after_first_had_one(tmp_path):
-    path = write_jsonl(
-        tmp_path / "c.jsonl",
-        [{"id": 1, "text": "a"}, {"id": 2, "text": "b"}, {"text": "c"}],
-    )
-    with pytest.raises(InputError) as err:
-        read_all(Source(path))
-    assert f"{path}:3:" in str(err.value)
-    assert "'id'" in str(err.value)
-    assert "(int64)" in str(err.value)
-
-
-def test_jsonl_id_of_another_type_than_the_first(tmp_path):
-    path = write_jsonl(tmp_path / "c.jsonl", [{"id": "x", "text": "a"}, {"id": 2, "text": "b"}])
-    with pytest.raises(InputError) as err:
-        read_all(Source(path))
-    assert f"{path}:2:" in str(err.value)
-    assert "string" in str(err.value)
-    assert "got 2" in str(err.value)
-
-
-def test_jsonl_bool_id_refused_on_first_record(tmp_path):
-    path = write_jsonl(tmp_path / "c.jsonl", [{"id": True, "text": "a"}])
-    with pytest.raises(InputError) as err:
-        Source(path)
-    assert f"{path}:1:" in str(err.value)
-    assert "bool" in str(err.value)
-
-
-def test_jsonl_bool_id_refused_after_int_ids(tmp_path):
-    path = write_jsonl(tmp_path / "c.jsonl", [{"id": 1, "text": "a"}, {"id": False, "text": "b"}])
-    with pytest.raises(InputError) as err:
-        read_all(Source(path))
-    assert f"{path}:2:" in str(err.value)
-    assert "got False" in str(err.value)
-
-
-def test_jsonl_float_id_refused(tmp_path):
-    path = write_jsonl(tmp_path / "c.jsonl", [{"id": 1.5, "text": "a"}])
-    with pytest.raises(InputError, match="float"):
-        Source(path)
+@pytest.mark.parametrize(
+    "records, at_open, line, fragments",
+    [
+        pytest.param(
+            [{"id": 1, "text": "a"}, {"id": 2, "text": "b"}, {"text": "c"}],
+            False,
+            3,
+            ["every record needs an id 'id'", "(int64)"],
+            id="missing-after-the-first-had-one",
+        ),
+        pytest.param(
+            [{"id": "x", "text": "a"}, {"id": 2, "text": "b"}],
+            False,
+            2,
+            ["(string)", "got 2"],
+            id="another-type-than-the-first",
+        ),
+        pytest.param([{"id": True, "text": "a"}], True, 1, ["is True"], id="bool-first"),
+        pytest.param(
+            [{"id": 1, "text": "a"}, {"id": False, "text": "b"}],
+            False,
+            2,
+            ["(int64)", "got False"],
+            id="bool-after-int-ids",
+        ),
+        pytest.param([{"id": 1.5, "text": "a"}], True, 1, ["is 1.5"], id="float-first"),
+    ],
+)
+def test_jsonl_bad_id_refused(tmp_path, records, at_open, line, fragments):
+    """A bad first id is refused when the source opens, a later one when it is read."""
+    path = write_jsonl(tmp_path / "c.jsonl", records)
+    if at_open:
+        with pytest.raises(InputError) as err:
+            Source(path)
+    else:
+        source = Source(path)
+        with pytest.raises(InputError) as err:
+            read_all(source)
+    message = str(err.value)
+    assert message.startswith(f"{path}:{line}: "), message
+    for fragment in fragments:
+        assert fragment in message, message
+    if at_open:
+        assert "ids must be strings or integers that fit int64" in message
 
 
 @pytest.mark.parametrize("line", ['["text", "a"]', '"a"', '{"body": "a"}', '{"text": 3}'])

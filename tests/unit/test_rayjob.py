@@ -35,7 +35,9 @@ from tests.unit.chart_helpers import (
     KUBE_VERSIONS,
     KUBERNETES_VALIDATE,
     REPO_ROOT,
+    assert_valid_kubernetes,
     helm,
+    kubernetes_validate,
     quantity_bytes,
     run,
     values,
@@ -437,14 +439,7 @@ def test_pod_templates_validate_as_pods(kube_version, tmp_path):
     rayjob = job()
     assert set(templates(rayjob)) == {"head", "worker-embed-clients", "submitter"}
     pods = [as_pod(rayjob, role, t) for role, t in templates(rayjob).items()]
-    path = tmp_path / "pods.yaml"
-    path.write_text(yaml.safe_dump_all(pods))
-    proc = run([str(KUBERNETES_VALIDATE), "--strict", "-k", kube_version, str(path)])
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"kubernetes-validate --strict -k {kube_version}:\n{out}"
-    minor = kube_version.rsplit(".", 1)[0]
-    passed = re.findall(rf"passed for resource \S+ against version {re.escape(minor)}", out)
-    assert len(passed) == len(pods), out
+    assert_valid_kubernetes(tmp_path / "pods.yaml", pods, kube_version)
 
 
 @needs_validator
@@ -452,11 +447,11 @@ def test_pod_validation_refuses_a_broken_template(tmp_path):
     rayjob = job()
     head = templates(rayjob)["head"]
     head["spec"]["containers"][0]["resource"] = head["spec"]["containers"][0].pop("resources")
-    path = tmp_path / "pod.yaml"
-    path.write_text(yaml.safe_dump(as_pod(rayjob, "head", head)))
-    proc = run([str(KUBERNETES_VALIDATE), "--strict", "-k", KUBE_VERSIONS[0], str(path)])
-    assert proc.returncode != 0
-    assert "'resource' was unexpected" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    code, out = kubernetes_validate(
+        tmp_path / "pod.yaml", [as_pod(rayjob, "head", head)], KUBE_VERSIONS[0]
+    )
+    assert code != 0
+    assert "'resource' was unexpected" in out, out
 
 
 # ---- (d) policy ---------------------------------------------------------------------------------

@@ -214,19 +214,6 @@ def test_absolute_model_path_ignores_repository_dir(make_config, make_model_dir,
 # --- EmbedderConfig ----------------------------------------------------------------------
 
 
-def test_embedder_defaults(make_config):
-    cfg = EmbedderConfig.from_model_config(make_config())
-    assert cfg.model_path == PACKAGE_MODEL_DIR
-    assert cfg.max_length == 256
-    assert cfg.dtype == "float32"
-    assert cfg.gpu_memory_utilization == 0.2
-    assert cfg.instances_per_device == 1
-    assert cfg.max_num_seqs == 256
-    assert cfg.max_num_batched_tokens == 16384
-    assert cfg.threads_bind == "spread"
-    assert cfg.engine_args == {}
-
-
 def test_embedder_instance_group_count(make_config):
     cfg = EmbedderConfig.from_model_config(
         make_config(instance_group=[{"count": 2, "kind": "KIND_CPU"}])
@@ -240,9 +227,26 @@ def test_embedder_instance_group_missing_count_means_one(make_config, group):
     assert cfg.instances_per_device == 1
 
 
-def test_embedder_explicit_parameters(make_config):
-    cfg = EmbedderConfig.from_model_config(
-        make_config(
+@pytest.mark.parametrize(
+    "params, extra, expected",
+    [
+        pytest.param(
+            {},
+            {},
+            {
+                "model_path": PACKAGE_MODEL_DIR,
+                "max_length": 256,
+                "dtype": "float32",
+                "gpu_memory_utilization": 0.2,
+                "instances_per_device": 1,
+                "max_num_seqs": 256,
+                "max_num_batched_tokens": 16384,
+                "threads_bind": "spread",
+                "engine_args": {},
+            },
+            id="defaults",
+        ),
+        pytest.param(
             {
                 "max_length": "128",
                 "dtype": "bfloat16",
@@ -252,86 +256,87 @@ def test_embedder_explicit_parameters(make_config):
                 "threads_bind": "auto",
                 "engine_args": '{"seed": 7, "enforce_eager": false}',
             },
-            instance_group=[{"count": 4, "kind": "KIND_GPU", "gpus": [0]}],
-        )
-    )
-    assert cfg.max_length == 128
-    assert cfg.dtype == "bfloat16"
-    assert cfg.gpu_memory_utilization == 0.5
-    assert cfg.instances_per_device == 4
-    assert cfg.max_num_seqs == 32
-    assert cfg.max_num_batched_tokens == 128
-    assert cfg.threads_bind == "auto"
-    assert cfg.engine_args == {"seed": 7, "enforce_eager": False}
+            {"instance_group": [{"count": 4, "kind": "KIND_GPU", "gpus": [0]}]},
+            {
+                "max_length": 128,
+                "dtype": "bfloat16",
+                "gpu_memory_utilization": 0.5,
+                "instances_per_device": 4,
+                "max_num_seqs": 32,
+                "max_num_batched_tokens": 128,
+                "threads_bind": "auto",
+                "engine_args": {"seed": 7, "enforce_eager": False},
+            },
+            id="explicit-parameters",
+        ),
+        pytest.param(
+            {"gpu_memory_utilization": "1"},
+            {},
+            {"gpu_memory_utilization": 1.0},
+            id="memory-upper-bound-inclusive",
+        ),
+        pytest.param(
+            {"max_num_batched_tokens": "256"},
+            {},
+            {"max_num_batched_tokens": 256},
+            id="batched-tokens-equal-to-max-length",
+        ),
+    ],
+)
+def test_embedder_fields(make_config, params, extra, expected):
+    cfg = EmbedderConfig.from_model_config(make_config(params, **extra))
+    assert {name: getattr(cfg, name) for name in expected} == expected
 
 
-@pytest.mark.parametrize("value", ["0", "0.0", "-0.1", "1.01", "2", "nan", "inf"])
-def test_gpu_memory_utilization_out_of_range(make_config, value):
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        (
+            {"gpu_memory_utilization": "half"},
+            "parameter gpu_memory_utilization='half' is not a number",
+        ),
+        *[
+            ({"engine_args": raw}, f"parameter engine_args must be a JSON object, got {kind}")
+            for raw, kind in [("[1, 2]", "list"), ("3", "int"), ('"x"', "str")]
+        ],
+        ({"max_num_seqs": "0"}, "parameter max_num_seqs=0 must be >= 1"),
+    ],
+)
+def test_embedder_bad_parameter_message(make_config, params, message):
     with pytest.raises(ValueError) as info:
-        EmbedderConfig.from_model_config(make_config({"gpu_memory_utilization": value}))
+        EmbedderConfig.from_model_config(make_config(params))
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    "params, start, fragments",
+    [
+        *[
+            ({"gpu_memory_utilization": value}, "parameter gpu_memory_utilization=", ["(0.0, 1.0]"])
+            for value in ["0", "0.0", "-0.1", "1.01", "2", "nan", "inf"]
+        ],
+        (
+            {"dtype": "int8"},
+            "parameter dtype='int8'",
+            ["auto", "float32", "float16", "bfloat16"],
+        ),
+        ({"threads_bind": "compact"}, "parameter threads_bind='compact'", ["spread", "auto"]),
+        ({"engine_args": "{seed: 1}"}, "parameter engine_args is not valid JSON", []),
+        (
+            {"max_num_batched_tokens": "255"},
+            "parameter max_num_batched_tokens=255",
+            ["max_length=256"],
+        ),
+    ],
+)
+def test_embedder_bad_parameter_names_it(make_config, params, start, fragments):
+    """The message starts with the key (and value) and names what is allowed."""
+    with pytest.raises(ValueError) as info:
+        EmbedderConfig.from_model_config(make_config(params))
     msg = str(info.value)
-    assert "gpu_memory_utilization" in msg
-    assert "(0.0, 1.0]" in msg
-
-
-def test_gpu_memory_utilization_upper_bound_inclusive(make_config):
-    cfg = EmbedderConfig.from_model_config(make_config({"gpu_memory_utilization": "1"}))
-    assert cfg.gpu_memory_utilization == 1.0
-
-
-def test_gpu_memory_utilization_not_a_number(make_config):
-    with pytest.raises(ValueError) as info:
-        EmbedderConfig.from_model_config(make_config({"gpu_memory_utilization": "half"}))
-    assert str(info.value) == "parameter gpu_memory_utilization='half' is not a number"
-
-
-def test_bad_dtype(make_config):
-    with pytest.raises(ValueError) as info:
-        EmbedderConfig.from_model_config(make_config({"dtype": "int8"}))
-    msg = str(info.value)
-    assert "dtype='int8'" in msg
-    for allowed in ("auto", "float32", "float16", "bfloat16"):
-        assert allowed in msg
-
-
-def test_bad_threads_bind(make_config):
-    with pytest.raises(ValueError) as info:
-        EmbedderConfig.from_model_config(make_config({"threads_bind": "compact"}))
-    msg = str(info.value)
-    assert "threads_bind='compact'" in msg
-    assert "spread" in msg and "auto" in msg
-
-
-def test_engine_args_not_json(make_config):
-    with pytest.raises(ValueError) as info:
-        EmbedderConfig.from_model_config(make_config({"engine_args": "{seed: 1}"}))
-    assert str(info.value).startswith("parameter engine_args is not valid JSON")
-
-
-@pytest.mark.parametrize("raw, kind", [("[1, 2]", "list"), ("3", "int"), ('"x"', "str")])
-def test_engine_args_not_an_object(make_config, raw, kind):
-    with pytest.raises(ValueError) as info:
-        EmbedderConfig.from_model_config(make_config({"engine_args": raw}))
-    assert str(info.value) == f"parameter engine_args must be a JSON object, got {kind}"
-
-
-def test_max_num_batched_tokens_below_max_length(make_config):
-    with pytest.raises(ValueError) as info:
-        EmbedderConfig.from_model_config(make_config({"max_num_batched_tokens": "255"}))
-    msg = str(info.value)
-    assert "max_num_batched_tokens=255" in msg
-    assert "max_length=256" in msg
-
-
-def test_max_num_batched_tokens_equal_to_max_length_is_fine(make_config):
-    cfg = EmbedderConfig.from_model_config(make_config({"max_num_batched_tokens": "256"}))
-    assert cfg.max_num_batched_tokens == 256
-
-
-def test_max_num_seqs_must_be_positive(make_config):
-    with pytest.raises(ValueError) as info:
-        EmbedderConfig.from_model_config(make_config({"max_num_seqs": "0"}))
-    assert str(info.value) == "parameter max_num_seqs=0 must be >= 1"
+    assert msg.startswith(start), msg
+    for fragment in fragments:
+        assert fragment in msg, msg
 
 
 def test_embedder_nonexistent_model_path(make_config, tmp_path):

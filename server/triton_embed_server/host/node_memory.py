@@ -39,9 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from triton_embed_server.host.topology import SYSFS_NODE_ROOT
+from triton_embed_server.host.units import MIB, gib
 
-MIB = 1 << 20
-GIB = 1 << 30
 #: A CPU engine's own memory beyond its KV cache and weights (module docstring).
 ENGINE_BASE_BYTES = 640 * MIB
 EXIT_TOO_SMALL = 78  # sysexits.h EX_CONFIG, as the /dev/shm check
@@ -52,11 +51,6 @@ _WEIGHT_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
 class NodeMemoryError(RuntimeError):
     """The engines placed on a NUMA node need more than it has available (names them)."""
-
-
-def gib(n: int) -> str:
-    """``n`` bytes in GiB, for messages."""
-    return f"{n / GIB:.2f} GiB"
 
 
 @dataclass(frozen=True)

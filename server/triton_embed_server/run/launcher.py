@@ -7,6 +7,7 @@ ever signalled.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -15,6 +16,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,6 +68,20 @@ def stop_process(proc: subprocess.Popen | None, timeout_s: float) -> int | None:
             proc.kill()
             proc.wait()
     return proc.returncode
+
+
+@contextlib.contextmanager
+def stopped_on_failure(stop: Callable[[], object]) -> Iterator[None]:
+    """Call ``stop()`` when the block raises (anything, ``KeyboardInterrupt`` too), then re-raise.
+
+    For the step after a start that checks the process came up: a server that fails it is not
+    left running.
+    """
+    try:
+        yield
+    except BaseException:
+        stop()
+        raise
 
 
 @dataclass
@@ -373,11 +389,8 @@ class Gateway:
             self.process = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
-        try:
+        with stopped_on_failure(self.stop):
             self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
         return self
 
     def _wait_ready(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -64,26 +65,33 @@ class _Params:
         value = self._p.get(key, "").strip()
         return value if value else default
 
-    def int(self, key: str, default: int, minimum: int = 0) -> int:
+    def _parsed(self, key: str, parse: Callable[[str], Any], kind: str) -> tuple[str, Any]:
+        """``(value as given, stripped; parse(it))``; ``("", None)`` for an empty or absent key.
+
+        Raises:
+            ValueError: ``parse`` refused the value (the message names the key, the value and
+                ``kind``, e.g. ``an integer``).
+        """
         raw = self._p.get(key, "").strip()
         if not raw:
-            return default
+            return raw, None
         try:
-            value = int(raw)
+            return raw, parse(raw)
         except ValueError:
-            raise ValueError(f"parameter {key}={raw!r} is not an integer") from None
+            raise ValueError(f"parameter {key}={raw!r} is not {kind}") from None
+
+    def int(self, key: str, default: int, minimum: int = 0) -> int:
+        _, value = self._parsed(key, int, "an integer")
+        if value is None:
+            return default
         if value < minimum:
             raise ValueError(f"parameter {key}={value} must be >= {minimum}")
         return value
 
     def float(self, key: str, default: float, low: float, high: float) -> float:
-        raw = self._p.get(key, "").strip()
-        if not raw:
+        raw, value = self._parsed(key, float, "a number")
+        if value is None:
             return default
-        try:
-            value = float(raw)
-        except ValueError:
-            raise ValueError(f"parameter {key}={raw!r} is not a number") from None
         if not math.isfinite(value):
             bounds = f" in ({low}, {high}]" if math.isfinite(low) and math.isfinite(high) else ""
             raise ValueError(f"parameter {key}={raw!r} must be a finite number{bounds}")

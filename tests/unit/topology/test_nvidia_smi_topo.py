@@ -6,6 +6,15 @@ import pytest
 from triton_embed_server.host.topology.errors import TopologyParseError
 from triton_embed_server.host.topology.nvidia_smi_topo import parse_topo_matrix
 
+#: The affinity of the one GPU of the single-GPU captures: node 0, CPUs 0-15.
+GPU0_ON_NODE_0_CPUS_0_15 = {
+    "numa_node": 0,
+    "cpu_affinity": "0-15",
+    "cpu_ranges": [[0, 15]],
+    "cpu_count": 16,
+    "gpu_numa_id": "N/A",
+}
+
 
 def test_topo_fields_one_by_one(topo_m_name, capture, expected):
     want = expected(topo_m_name)
@@ -102,25 +111,13 @@ def test_topo_crlf_and_single_gpu():
     topo = parse_topo_matrix(text)
     assert topo.gpus == ("GPU0",)
     assert topo.links == {}
-    assert topo.gpu_affinity["GPU0"].to_dict() == {
-        "numa_node": 0,
-        "cpu_affinity": "0-15",
-        "cpu_ranges": [[0, 15]],
-        "cpu_count": 16,
-        "gpu_numa_id": "N/A",
-    }
+    assert topo.gpu_affinity["GPU0"].to_dict() == GPU0_ON_NODE_0_CPUS_0_15
 
 
 def test_h200_single_gpu_driver_580(h200_capture):
     topo = parse_topo_matrix(h200_capture("topo_m.txt"))
     assert topo.gpus == ("GPU0",) and topo.nics == () and topo.links == {}
-    assert topo.gpu_affinity["GPU0"].to_dict() == {
-        "numa_node": 0,
-        "cpu_affinity": "0-15",
-        "cpu_ranges": [[0, 15]],
-        "cpu_count": 16,
-        "gpu_numa_id": "N/A",
-    }
+    assert topo.gpu_affinity["GPU0"].to_dict() == GPU0_ON_NODE_0_CPUS_0_15
     assert topo.ansi_escapes is True and topo.separator == "tab"
     assert list(topo.legend) == ["X", "SYS", "NODE", "PHB", "PXB", "PIX", "NV#"]
 

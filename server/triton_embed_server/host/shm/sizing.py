@@ -84,9 +84,9 @@ from triton_embed_server.host.shm.tritonserver_args import (
     python_backend_settings,
     repository_paths,
 )
+from triton_embed_server.host.units import MIB, mib
 from triton_embed_server.models.instance_group import instance_count, read_config_pbtxt
 
-MIB = 1 << 20
 BACKEND_DEFAULT_BYTES = 1 * MIB  # python_be.cc: default and minimum shm-default-byte-size
 LENGTH_PREFIX = 4  # bytes before each element of a BYTES tensor
 UTF8_MAX = 4  # bytes per character, at most (RFC 3629)
@@ -99,11 +99,6 @@ FRAGMENTATION = 1.25  # allocator headers and fragmentation
 def round_up(n: float, unit: int = MIB) -> int:
     """``n`` rounded up to a multiple of ``unit``."""
     return int(math.ceil(n / unit)) * unit
-
-
-def mib(n: int) -> str:
-    """``n`` bytes in MiB, for messages."""
-    return f"{n / MIB:.1f} MiB"
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,6 @@ from triton_embed.cli_repository import (
 )
 from triton_embed.client import DEFAULT_MODEL
 from triton_embed.errors import EmbedClientError
-from triton_embed.options import EmbeddingType
 
 __all__ = [
     "add_gateway_args",
@@ -198,12 +197,6 @@ def build_parser() -> argparse.ArgumentParser:
         "([n, dim] float32; float16, or uint8 [n, dim/8] for ubinary)",
     )
     e.add_argument(
-        "--embedding-type",
-        choices=[t.value for t in EmbeddingType],
-        default=None,
-        help="float32 (default), float16 or ubinary (sign bits packed 8 per byte)",
-    )
-    e.add_argument(
         "--parquet",
         type=Path,
         help="with a .npy output: also write one Parquet file (text, num_tokens, embedding)",
@@ -222,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--summary-json", type=Path, help="also write the closing summary as JSON")
     e.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_connection_args(e)
+    add_connection_args(e, embedding_type=True)
     add_corpus_args(e)
     add_bulk_args(e)
     add_verify_parser(sub)

@@ -490,15 +490,8 @@ def test_summary_says_request_or_requests(
 # --- embed into an output folder, over a stand-in upstream pool ------------------------------
 
 BULK_DIM = 4
-BULK_MODEL = ModelInfo(
-    name="embed",
-    max_batch_size=4,
-    tokenizer="embed_tokenizer",
-    embedder="embed_embedder",
-    tokenizer_max_batch_size=4,
-    embedder_max_batch_size=4,
-    dimension=BULK_DIM,
-)
+# name, max_batch_size, tokenizer, embedder, their max_batch_size
+BULK_MODEL = ModelInfo("embed", 4, "embed_tokenizer", "embed_embedder", 4, 4, dimension=BULK_DIM)
 
 
 class StandInPool:

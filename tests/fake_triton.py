@@ -30,6 +30,7 @@ class FakeTriton:
     max_batch_size = 4
     max_tokens = 8
     requests: list[list[bytes]] = []  # every request's texts, in the order they arrived
+    parameters: list[dict] = []  # every request's parameters, in the same order
 
     def __init__(self, url: str, *args, **kwargs):
         self.url = url
@@ -43,7 +44,8 @@ class FakeTriton:
     def infer(self, model, inputs, outputs=None, client_timeout=None, parameters=None, **kwargs):
         texts = [bytes(t) for t in deserialize_bytes_tensor(inputs[0]._get_content())]
         FakeTriton.requests.append(texts)
-        params = parameters or {}
+        params = dict(parameters or {})
+        FakeTriton.parameters.append(params)
         for i, text in enumerate(texts):
             if not text and not params.get("allow_empty"):
                 raise InferenceServerException(
@@ -89,10 +91,12 @@ def install(monkeypatch) -> type[FakeTriton]:
     """Patch :class:`FakeTriton` in for the gRPC client (a test's ``monkeypatch`` undoes it).
 
     Returns:
-        The class; its ``requests`` lists what each request sent.
+        The class; its ``requests`` lists the texts each request sent, its ``parameters``
+        their request parameters.
     """
     import tritonclient.grpc
 
     FakeTriton.requests = []
+    FakeTriton.parameters = []
     monkeypatch.setattr(tritonclient.grpc, "InferenceServerClient", FakeTriton)
     return FakeTriton

@@ -35,7 +35,6 @@ from triton_embed.cli_args import add_connection_args, add_corpus_args, positive
 from triton_embed.cli_bulk import add_bulk_args, add_verify_parser, run_verify
 from triton_embed.cli_commands import nearest, run_embed, run_query, summarize
 from triton_embed.errors import EmbedClientError
-from triton_embed.options import EmbeddingType
 
 __all__ = [
     "COMMANDS_GROUP",
@@ -113,12 +112,6 @@ def build_parser() -> argparse.ArgumentParser:
         "([n, dim] float32; float16, or uint8 [n, dim/8] for ubinary)",
     )
     e.add_argument(
-        "--embedding-type",
-        choices=[t.value for t in EmbeddingType],
-        default=None,
-        help="float32 (default), float16 or ubinary (sign bits packed 8 per byte)",
-    )
-    e.add_argument(
         "--parquet",
         type=Path,
         help="with a .npy output: also write one Parquet file (text, num_tokens, embedding)",
@@ -137,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--summary-json", type=Path, help="also write the closing summary as JSON")
     e.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_connection_args(e)
+    add_connection_args(e, embedding_type=True)
     add_corpus_args(e)
     add_bulk_args(e)
     add_verify_parser(sub)

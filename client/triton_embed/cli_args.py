@@ -1,7 +1,9 @@
 """The flags several ``triton-embed`` commands share, and the argparse number types.
 
-Used by :mod:`triton_embed.cli` (the parser), :mod:`triton_embed.cli_bulk` and the server
-package's subcommands (``repository``, ``doctor``, ``gateway``).
+Used by :mod:`triton_embed.cli` (the parser), :mod:`triton_embed.cli_bulk`, the server
+package's subcommands and the Ray job's parser (:mod:`triton_embed.bulk.ray_job`): the
+request options' flags (:func:`add_request_option_args`), ``--url`` and ``--model`` are
+defined here only.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import argparse
 from pathlib import Path
 
 from triton_embed.client import DEFAULT_MODEL, DEFAULT_URL
-from triton_embed.options import DEFAULT_TRUNCATION, Truncation, parse_flag
+from triton_embed.options import DEFAULT_TRUNCATION, EmbeddingType, Truncation, parse_flag
 from triton_embed.retry import DEFAULT_MAX_WAIT_S, DEFAULT_RETRIES
 
 
@@ -70,14 +72,27 @@ def add_retry_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_key_args(p: argparse.ArgumentParser) -> None:
-    """``--url`` and ``--admin-key-file``."""
+def add_url_arg(
+    p: argparse.ArgumentParser,
+    several: str = "'embed' into a folder takes several, comma-separated, and balances over them",
+) -> None:
+    """``--url``: the server's gRPC ``host:port``, by default ``DEFAULT_URL``.
+
+    Args:
+        p: the parser.
+        several: the help's last words, on whether the command takes several servers.
+    """
     p.add_argument(
         "--url",
         default=DEFAULT_URL,
         help="the server's gRPC port as host:port, without http:// (default %(default)s); "
-        "'embed' into a folder takes several, comma-separated, and balances over them",
+        + several,
     )
+
+
+def add_key_args(p: argparse.ArgumentParser) -> None:
+    """``--url`` and ``--admin-key-file``."""
+    add_url_arg(p)
     p.add_argument(
         "--admin-key-file",
         type=Path,
@@ -87,16 +102,28 @@ def add_key_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_connection_args(p: argparse.ArgumentParser) -> None:
-    """The server, model, deadline, request options and retries of a command that embeds."""
-    add_key_args(p)
+def add_model_arg(p: argparse.ArgumentParser) -> None:
+    """``--model``: the ensemble (default :data:`~triton_embed.client.DEFAULT_MODEL`)."""
     p.add_argument("--model", default=DEFAULT_MODEL, help="ensemble name (default %(default)s)")
-    p.add_argument(
-        "--timeout-s",
-        type=positive_float,
-        default=120.0,
-        help="per-request deadline, seconds (default %(default)s)",
-    )
+
+
+def add_request_option_args(
+    p: argparse.ArgumentParser, input_type_default: str, embedding_type: bool = False
+) -> None:
+    """The request options' flags, defined once (:mod:`triton_embed.options`).
+
+    ``--truncation``, ``--allow-empty``, ``--input-type``, ``--dimensions``, ``--normalize``,
+    and with ``embedding_type`` also ``--embedding-type``; each defaults to ``None`` (not
+    set: the server's default). :meth:`triton_embed.options.RequestOptions.from_args` reads
+    them.
+
+    Args:
+        p: the parser.
+        input_type_default: the help's words on the default ``--input-type``, e.g.
+            ``"document"``.
+        embedding_type: also add ``--embedding-type`` (a command that writes vectors out;
+            ``query`` compares float vectors and has none).
+    """
     p.add_argument(
         "--truncation",
         type=str.upper,
@@ -116,8 +143,7 @@ def add_connection_args(p: argparse.ArgumentParser) -> None:
         "--input-type",
         default=None,
         help="the model's prompt to put in front of each text: query, document or a prompt "
-        "name of the model (default: document for 'embed'; for 'query', query when the "
-        "model has a query prompt)",
+        f"name of the model (default: {input_type_default})",
     )
     p.add_argument(
         "--dimensions",
@@ -126,6 +152,13 @@ def add_connection_args(p: argparse.ArgumentParser) -> None:
         help="cut vectors to their first N values, L2-normalized again (one of the model's "
         "Matryoshka dimensions; query with the dimensions the corpus was embedded with)",
     )
+    if embedding_type:
+        p.add_argument(
+            "--embedding-type",
+            choices=[t.value for t in EmbeddingType],
+            default=None,
+            help="float32 (default), float16 or ubinary (sign bits packed 8 per byte)",
+        )
     p.add_argument(
         "--normalize",
         type=flag,
@@ -133,6 +166,28 @@ def add_connection_args(p: argparse.ArgumentParser) -> None:
         metavar="{true,false}",
         help="false = the pooled vectors without L2 normalization (as TEI's normalize=false); "
         "true = L2-normalized (default: the model's own, normalized for all-MiniLM-L6-v2)",
+    )
+
+
+def add_connection_args(p: argparse.ArgumentParser, embedding_type: bool = False) -> None:
+    """The server, model, deadline, request options and retries of a command that embeds.
+
+    Args:
+        p: the parser.
+        embedding_type: also add ``--embedding-type`` (``embed``).
+    """
+    add_key_args(p)
+    add_model_arg(p)
+    p.add_argument(
+        "--timeout-s",
+        type=positive_float,
+        default=120.0,
+        help="per-request deadline, seconds (default %(default)s)",
+    )
+    add_request_option_args(
+        p,
+        "document for 'embed'; for 'query', query when the model has a query prompt",
+        embedding_type,
     )
     add_retry_args(p)
 

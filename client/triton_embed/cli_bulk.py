@@ -14,6 +14,7 @@ from pathlib import Path
 
 from triton_embed.cli_args import positive_int
 from triton_embed.errors import EmbedClientError, InvalidInputError
+from triton_embed.options import RequestOptions
 
 # The server's hints name request parameters; the CLI sets them with its own flags.
 _FLAG_HINTS = (
@@ -88,24 +89,22 @@ def _default_retry(args: argparse.Namespace) -> bool:
     return args.retries == DEFAULT_RETRIES and args.retry_max_wait_s == DEFAULT_MAX_WAIT_S
 
 
-def run_bulk(args: argparse.Namespace, key: str | None, retry) -> dict:
-    """``embed`` into an output folder; prints and returns the closing summary."""
+def run_bulk(args: argparse.Namespace, options: RequestOptions, key: str | None, retry) -> dict:
+    """``embed`` into an output folder; prints and returns the closing summary.
+
+    Args:
+        args: the parsed ``embed`` flags.
+        options: the request options of every request
+            (:meth:`~triton_embed.options.RequestOptions.from_args` of ``args``).
+        key: the admin key of ``--admin-key-file``; ``None`` reads the environment.
+        retry: the retry policy of the retry flags (left at their defaults: the bulk job's
+            patient :data:`~triton_embed.bulk.pool_embedder.BULK_RETRY`).
+    """
     from triton_embed.admin import read_admin_key
     from triton_embed.bulk.job import BulkJob, JobSettings
     from triton_embed.bulk.pool_embedder import BULK_RETRY
     from triton_embed.bulk.sources import InputError
-    from triton_embed.options import RequestOptions
 
-    try:
-        options = RequestOptions(
-            truncation=args.truncation,
-            allow_empty=args.allow_empty,
-            input_type=args.input_type or "document",  # a corpus is documents
-            dimensions=args.dimensions,
-            embedding_type=args.embedding_type,
-        )
-    except ValueError as exc:
-        raise InvalidInputError(str(exc)) from None
     settings = JobSettings(
         model=args.model,
         options=options,

@@ -24,6 +24,7 @@ from triton_embed.cli_bulk import with_cli_flags as _with_cli_flags
 from triton_embed.client import EmbeddingClient
 from triton_embed.corpus import read_texts, read_texts_and_lines
 from triton_embed.errors import EmbedClientError, InvalidInputError
+from triton_embed.options import RequestOptions
 from triton_embed.retry import RetryPolicy
 
 
@@ -125,6 +126,25 @@ def _key_from_file(args: argparse.Namespace) -> str | None:
     return None if args.admin_key_file is None else read_key_file(args.admin_key_file)
 
 
+def _client(args: argparse.Namespace, options: RequestOptions, **sizes) -> EmbeddingClient:
+    """The client of ``--url``, ``--model``, ``--timeout-s``, ``--admin-key-file``, the retries.
+
+    Args:
+        args: the parsed flags of ``embed`` or ``query``.
+        options: its request options.
+        **sizes: ``max_concurrency`` and ``batch_size``, if given.
+    """
+    return EmbeddingClient(
+        args.url,
+        args.model,
+        timeout_s=args.timeout_s,
+        admin_key=_key_from_file(args),  # None: the client reads the environment
+        retry=_retry_policy(args),
+        options=options,
+        **sizes,
+    )
+
+
 def summarize(num_texts: int, num_tokens: int, elapsed_s: float, latencies_s: list[float]) -> dict:
     """Closing figures of an embedding run.
 
@@ -152,12 +172,13 @@ def run_embed(args: argparse.Namespace) -> dict:
     """
     from tqdm import tqdm
 
+    options = RequestOptions.from_args(args, input_type_default="document")  # a corpus is documents
     if args.output.suffix.lower() != ".npy":
         if args.parquet:
             raise EmbedClientError(
                 "--parquet goes with a .npy -o; an output folder is already Parquet"
             )
-        return run_bulk(args, _key_from_file(args), _retry_policy(args))
+        return run_bulk(args, options, _key_from_file(args), _retry_policy(args))
     for flag, given in (("--include-text", args.include_text), ("--overwrite", args.overwrite),
                         ("--format parquet", args.format == "parquet")):  # fmt: skip
         if given:
@@ -179,21 +200,8 @@ def run_embed(args: argparse.Namespace) -> dict:
         _check_writable(flag, out)
     if args.parquet:
         import pyarrow  # noqa: F401 - fail before embedding when it is missing
-    with EmbeddingClient(
-        args.url,
-        args.model,
-        timeout_s=args.timeout_s,
-        max_concurrency=args.concurrency,
-        batch_size=args.batch_size,
-        truncation=args.truncation,
-        allow_empty=args.allow_empty,
-        admin_key=_key_from_file(args),  # None: the client reads the environment
-        retry=_retry_policy(args),
-        input_type=args.input_type or "document",  # a corpus is documents
-        dimensions=args.dimensions,
-        embedding_type=args.embedding_type,
-        normalize=args.normalize,
-    ) as client:
+    sizes = {"max_concurrency": args.concurrency, "batch_size": args.batch_size}
+    with _client(args, options, **sizes) as client:
         # None: tqdm hides the bar when stderr is not a terminal (logs get no \r updates)
         bar = tqdm(
             total=len(texts),
@@ -314,19 +322,10 @@ def run_query(args: argparse.Namespace) -> list[dict]:
             f"{args.corpus} has {len(texts)} texts but {args.embeddings} has {len(vectors)} "
             "embeddings; pass the file that was embedded"
         )
-    with EmbeddingClient(
-        args.url,
-        args.model,
-        timeout_s=args.timeout_s,
-        truncation=args.truncation,
-        allow_empty=args.allow_empty,
-        admin_key=_key_from_file(args),  # None: the client reads the environment
-        retry=_retry_policy(args),
-        dimensions=args.dimensions,
-        normalize=args.normalize,
-    ) as client:
+    options = RequestOptions.from_args(args)  # no --input-type: query, if the model has it
+    with _client(args, options) as client:
         try:
-            qv = _embed_queries(client, args.queries, args.input_type)
+            qv = _embed_queries(client, args.queries, options.input_type)
         except InvalidInputError as exc:
             raise _text_error(exc, lambda i: f"query {i + 1}") from None
     if qv.shape[1] != vectors.shape[1]:

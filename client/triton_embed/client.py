@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -166,6 +166,10 @@ class EmbeddingClient(ChannelOwner):
             text-embeddings-inference returns for ``normalize=false``); ``True``:
             L2-normalized; ``None`` keeps the model's own (normalized for a model with a
             ``Normalize`` module).
+        options: the request options as one :class:`~triton_embed.options.RequestOptions`
+            (e.g. :meth:`~triton_embed.options.RequestOptions.from_args` of parsed flags);
+            those of the keyword arguments above that are not ``None`` replace its fields.
+            ``None``: the keyword arguments alone.
         admin_key: the server's admin key, sent only to read the model config; ``None`` reads
             it as :func:`triton_embed.admin.read_admin_key` does (``TRITON_EMBED_ADMIN_KEY``,
             the file ``TRITON_EMBED_ADMIN_KEY_FILE``, the default key file), if any.
@@ -179,7 +183,8 @@ class EmbeddingClient(ChannelOwner):
     The option names, values and defaults are those of :mod:`triton_embed.options`.
 
     Raises:
-        InvalidInputError: an option outside its allowed values, ``timeout_s`` <= 0 (or not
+        InvalidInputError: an option outside its allowed values, ``options`` that is not a
+            :class:`~triton_embed.options.RequestOptions`, ``timeout_s`` <= 0 (or not
             finite), ``max_concurrency`` < 1, ``batch_size`` < 1, a ``url`` with a scheme
             (``http://``), or an unusable ``admin_key``. A subclass of ``ValueError``.
         ServerUnavailableError: the server cannot be reached or the model is not ready.
@@ -204,11 +209,16 @@ class EmbeddingClient(ChannelOwner):
         embedding_type: EmbeddingType | str | None = None,
         retry: RetryPolicy | int | None = RetryPolicy(),  # noqa: B008 - frozen, never mutated
         normalize: bool | None = None,
+        options: RequestOptions | None = None,
     ):
         import tritonclient.grpc as grpcclient
 
         max_concurrency = _check_arguments(timeout_s, max_concurrency, batch_size)
         check_url(url)
+        if options is not None and not isinstance(options, RequestOptions):
+            raise InvalidInputError(
+                f"options must be a RequestOptions, got {type(options).__name__}"
+            )
         try:
             self.options = RequestOptions(
                 truncation,
@@ -219,6 +229,9 @@ class EmbeddingClient(ChannelOwner):
                 embedding_type,
                 normalize,
             )
+            if options is not None:  # the keyword arguments given replace its fields
+                given = {k: v for k, v in asdict(self.options).items() if v is not None}
+                self.options = replace(options, **given)
         except ValueError as exc:
             raise InvalidInputError(str(exc)) from None
         self.parameters = self.options.to_parameters()

@@ -331,6 +331,36 @@ class RequestOptions:
             object.__setattr__(self, "normalize", parse_flag(self.normalize, NORMALIZE))
 
     @classmethod
+    def from_args(cls, args: Any, input_type_default: str | None = None) -> RequestOptions:
+        """Read the options from parsed command-line flags.
+
+        The flags are those :func:`triton_embed.cli_args.add_request_option_args` defines
+        (``--truncation``, ``--allow-empty``, ``--input-type``, ``--dimensions``,
+        ``--embedding-type``, ``--normalize``), used by every ``triton-embed`` command that
+        embeds and by ``python -m triton_embed.bulk.ray_job``.
+
+        Args:
+            args: an ``argparse.Namespace`` (any object with attributes). Its attributes named
+                as the options, :data:`NAMES` (``truncation``, ``allow_empty``,
+                ``invalid_utf8``, ``input_type``, ``dimensions``, ``embedding_type``,
+                ``normalize``), are read; one that is ``None`` or missing (a command without
+                that flag, as ``query`` has no ``--embedding-type``) leaves its option unset.
+                No other attribute is read.
+            input_type_default: the ``input_type`` when ``args.input_type`` is ``None`` or
+                missing, e.g. ``"document"`` for a corpus; ``None`` leaves it unset (the
+                model's default prompt).
+
+        Raises:
+            OptionError: a value outside its allowed set (a ``ValueError``; the message names
+                the option, the value and the allowed values), e.g. an ``input_type`` that
+                is empty or blank.
+        """
+        given = {name: getattr(args, name, None) for name in NAMES}
+        if given[INPUT_TYPE] is None:
+            given[INPUT_TYPE] = input_type_default
+        return cls(**given)
+
+    @classmethod
     def from_parameters(cls, parameters: Mapping[str, Any]) -> RequestOptions:
         """Read the options from a request's parameters.
 

@@ -8,9 +8,13 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from triton_embed import InvalidInputError, cli_commands
+from triton_embed.bulk import pool_embedder
 from triton_embed.cli import build_parser, main, nearest, summarize
 from triton_embed.client import EmbedResult
+from triton_embed.codec import frame_bytes
+from triton_embed.options import RequestOptions
 from triton_embed.retry import RetryPolicy
+from triton_embed.transport.catalog import Catalog, ModelInfo
 
 from tests import fake_triton as fake_server
 
@@ -169,7 +173,7 @@ def test_embed_without_options_leaves_them_to_the_server(fake_client, tmp_path, 
     out = tmp_path / "sub" / "v.npy"
     assert main(["embed", str(corpus), "-o", str(out), "--no-progress"]) == 0
     [made] = fake_client.made
-    assert made["truncation"] is None and made["allow_empty"] is None
+    assert made["options"] == RequestOptions(input_type="document")  # a corpus is documents
     assert made["batch_size"] is None  # the server's max_batch_size
     np.testing.assert_array_equal(np.load(out), [[7.0, 0.0], [5.0, 1.0]])
     printed = capsys.readouterr().out
@@ -196,14 +200,14 @@ def test_embed_passes_every_flag_and_writes_all_outputs(fake_client, tmp_path):
             "timeout_s": 2.5,
             "max_concurrency": 8,
             "batch_size": 64,
-            "truncation": "START",
-            "allow_empty": True,
             "admin_key": None,  # the client reads TRITON_EMBED_ADMIN_KEY(_FILE) itself
             "retry": RetryPolicy(retries=3, initial_wait_s=0.1, max_wait_s=0.5),
-            "input_type": "document",  # a corpus is embedded as documents
-            "dimensions": None,
-            "embedding_type": None,
-            "normalize": False,
+            "options": RequestOptions(
+                truncation="START",
+                allow_empty=True,
+                input_type="document",  # a corpus is embedded as documents
+                normalize=False,
+            ),
         }
     ]
     np.testing.assert_array_equal(np.load(out), [[10.0, 0.0], [0.0, 1.0]])
@@ -243,7 +247,7 @@ def test_query_ranks_the_corpus_and_passes_options(fake_client, tmp_path, capsys
     np.save(tmp_path / "e.npy", vectors)
     argv = ["query", "q1", "q2", "--embeddings", str(tmp_path / "e.npy"), "--corpus", str(corpus)]
     assert main([*argv, "--json", "--truncation", "NONE"]) == 0
-    assert fake_client.made[0]["truncation"] == "NONE"
+    assert fake_client.made[0]["options"] == RequestOptions(truncation="NONE")  # no input_type
     results = json.loads(capsys.readouterr().out)
     assert [r["query"] for r in results] == ["q1", "q2"]
     hits = results[0]["hits"]
@@ -498,3 +502,129 @@ def test_a_server_command_that_cannot_be_imported_fails_with_one_line(monkeypatc
         "(No module named 'no_such_server_package'); install triton-embed[gateway,serve] on "
         "the serving host\n"
     )
+
+
+# --- embed into an output folder, over a stand-in upstream pool ------------------------------
+
+BULK_DIM = 4
+# name, max_batch_size, tokenizer, embedder, their max_batch_size
+BULK_MODEL = ModelInfo("embed", 4, "embed_tokenizer", "embed_embedder", 4, 4, dimension=BULK_DIM)
+
+
+class StandInPool:
+    """Stands in for ``UpstreamPool`` under the bulk job: serves :data:`BULK_MODEL`.
+
+    Records the request parameters of each call; text ``t`` embeds to ``len(t)`` repeated in
+    the asked ``dimensions`` (float16 for ``embedding_type=float16``).
+    """
+
+    sent: list[dict] = []
+
+    def __init__(self, targets, admin_key=None, timeout_s=None):
+        self.catalog = Catalog.build([BULK_MODEL])
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def refresh(self) -> None:
+        pass
+
+    def describe(self) -> list[dict]:
+        return []
+
+    async def infer(self, model, inputs, outputs, parameters=None):
+        assert model == "embed"
+        ((_, texts),) = inputs.items()
+        parameters = dict(parameters or {})
+        StandInPool.sent.append(parameters)
+        dtype = "<f2" if parameters.get("embedding_type") == "float16" else "<f4"
+        width = parameters.get("dimensions", BULK_DIM)
+        vectors = [np.full(width, len(bytes(t)), dtype).tobytes() for t in texts]
+        counts = np.full(len(texts), 3, "<i4").tobytes()
+        return {"EMBEDDING": frame_bytes(vectors), "NUM_TOKENS": counts}
+
+
+@pytest.fixture
+def stand_in_pool(monkeypatch):
+    StandInPool.sent = []
+    monkeypatch.setattr(pool_embedder, "UpstreamPool", StandInPool)
+    return StandInPool
+
+
+def embed_into_folder(tmp_path, *flags: str) -> dict:
+    """``embed`` of three texts into a folder; returns the manifest's job parameters."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("one\ntwo\nthree\n")
+    out = tmp_path / "out"
+    argv = ["embed", str(corpus), "-o", str(out), "--no-progress", "--url", "127.0.0.1:1"]
+    assert main([*argv, *flags]) == 0
+    return json.loads((out / "_manifest.json").read_text())["job"]["parameters"]
+
+
+@pytest.mark.parametrize(
+    "flags, normalize",
+    [([], None), (["--normalize", "true"], True), (["--normalize", "false"], False)],
+)
+def test_embed_into_a_folder_sends_normalize(stand_in_pool, tmp_path, flags, normalize):
+    recorded = embed_into_folder(tmp_path, *flags)
+    sent = {"input_type": "document"} | ({} if normalize is None else {"normalize": normalize})
+    assert stand_in_pool.sent == [sent]  # three texts: one request
+    assert recorded == sent  # a rerun with another --normalize is another job
+
+
+def test_embed_into_a_folder_sends_every_request_option(stand_in_pool, tmp_path):
+    flags = ["--truncation", "start", "--allow-empty", "--input-type", "query", "--dimensions",
+             "2", "--embedding-type", "float16", "--normalize", "false"]  # fmt: skip
+    recorded = embed_into_folder(tmp_path, *flags)
+    sent = {
+        "truncation": "START",
+        "allow_empty": True,
+        "input_type": "query",
+        "dimensions": 2,
+        "embedding_type": "float16",
+        "normalize": False,
+    }
+    assert stand_in_pool.sent == [sent]
+    assert recorded == sent
+    table = pq.read_table(tmp_path / "out")
+    assert table.column("embedding").to_pylist() == [[3.0, 3.0], [3.0, 3.0], [5.0, 5.0]]
+    assert table.schema.field("embedding").type.value_type == "halffloat"
+
+
+def test_a_blank_input_type_is_refused_before_any_request(stand_in_pool, tmp_path, capsys):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("one\n")
+    for out in (tmp_path / "out", tmp_path / "v.npy"):
+        assert main(["embed", str(corpus), "-o", str(out), "--input-type", " "]) == 1
+        err = capsys.readouterr().err
+        assert "error: input_type=' ' must be a prompt name such as query or document" in err
+    assert stand_in_pool.sent == []
+
+
+def test_embed_into_a_npy_sends_normalize(fake_triton, tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("one\n")
+    argv = ["embed", str(corpus), "-o", str(tmp_path / "v.npy"), "--no-progress"]
+    for flags in ([], ["--normalize", "true"], ["--normalize", "false"]):
+        assert main([*argv, *flags]) == 0
+    assert fake_triton.parameters == [
+        {"input_type": "document"},
+        {"input_type": "document", "normalize": True},
+        {"input_type": "document", "normalize": False},
+    ]
+
+
+def test_query_sends_its_option_flags(fake_triton, tmp_path, capsys):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("a\n")
+    np.save(tmp_path / "e.npy", np.eye(1, 2, dtype=np.float32))
+    argv = ["query", "q", "--embeddings", str(tmp_path / "e.npy"), "--corpus", str(corpus)]
+    assert main([*argv, "--dimensions", "2", "--normalize", "false", "--truncation", "end"]) == 0
+    assert main([*argv, "--input-type", "document"]) == 0
+    assert fake_triton.parameters == [
+        {"truncation": "END", "input_type": "query", "dimensions": 2, "normalize": False},
+        {"input_type": "document"},
+    ]

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from triton_embed import EmbeddingClient, InvalidInputError, ServerUnavailableError
 from triton_embed.errors import map_error
+from triton_embed.options import RequestOptions
 from tritonclient.utils import InferenceServerException
 
 from tests import fake_triton as fake_server
@@ -128,6 +129,22 @@ def test_out_of_range_arguments_raise_value_error_before_connecting(fake_triton,
 def test_good_arguments_are_kept(fake_triton):
     client = EmbeddingClient("h:1", timeout_s=0.5, max_concurrency=np.int64(3), batch_size=2)
     assert (client.timeout_s, client.max_concurrency, client.batch_size) == (0.5, 3, 2)
+
+
+def test_options_are_sent_and_the_keyword_arguments_given_replace_their_fields(fake_triton):
+    base = RequestOptions(truncation="none", input_type="query", normalize=False)
+    with EmbeddingClient("h:1", options=base, normalize=True, allow_empty=True) as client:
+        client.embed(["a", ""])
+        client.embed(["b"], input_type="document")
+    assert client.options == RequestOptions("NONE", True, None, "query", normalize=True)
+    first = {"truncation": "NONE", "allow_empty": True, "input_type": "query", "normalize": True}
+    assert fake_triton.parameters == [first, {**first, "input_type": "document"}]
+    assert base.normalize is False  # the caller's options are left as they were
+
+
+def test_options_of_another_type_are_refused(fake_triton):
+    with pytest.raises(InvalidInputError, match="options must be a RequestOptions, got dict"):
+        EmbeddingClient("h:1", options={"normalize": False})
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:8001", "grpc://h:8001", "https://h"])

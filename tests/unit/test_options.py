@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
-from triton_embed.options import QUOTE_CHARS, RequestOptions, quote
+from triton_embed.options import QUOTE_CHARS, OptionError, RequestOptions, quote
 
 HUGE = "x" * 100_000
 
@@ -44,3 +46,41 @@ def test_normalize_is_a_flag_sent_only_when_set():
     assert "normalize" not in RequestOptions().to_parameters()
     with pytest.raises(ValueError, match="normalize='maybe' must be true or false"):
         RequestOptions.from_parameters({"normalize": "maybe"})
+
+
+def test_from_args_reads_the_option_flags_and_no_other_attribute():
+    args = argparse.Namespace(
+        truncation="START",
+        allow_empty=True,
+        input_type="query",
+        dimensions=64,
+        embedding_type="ubinary",
+        normalize=False,
+        url="h:1",
+        model="m",
+    )
+    options = RequestOptions.from_args(args, input_type_default="document")
+    assert options == RequestOptions("START", True, None, "query", 64, "ubinary", False)
+    assert options.to_parameters() == {
+        "truncation": "START",
+        "allow_empty": True,
+        "input_type": "query",
+        "dimensions": 64,
+        "embedding_type": "ubinary",
+        "normalize": False,
+    }
+
+
+def test_from_args_leaves_unset_and_missing_flags_unset_but_for_the_input_type_default():
+    none = argparse.Namespace(truncation=None, allow_empty=None, input_type=None, normalize=None)
+    assert RequestOptions.from_args(none) == RequestOptions()  # no dimensions, embedding_type
+    assert RequestOptions.from_args(none, "document") == RequestOptions(input_type="document")
+    assert RequestOptions.from_args(argparse.Namespace(), "document").to_parameters() == {
+        "input_type": "document"
+    }
+
+
+@pytest.mark.parametrize("input_type", ["", "  "])
+def test_from_args_refuses_a_blank_input_type_naming_it(input_type):
+    with pytest.raises(OptionError, match="input_type=.* must be a prompt name such as query"):
+        RequestOptions.from_args(argparse.Namespace(input_type=input_type), "document")

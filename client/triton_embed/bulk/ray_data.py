@@ -45,8 +45,10 @@ class TritonEmbedder:
         admin_key: the servers' admin key (the pool reads their model configs); ``None``:
             ``TRITON_EMBED_ADMIN_KEY`` / ``TRITON_EMBED_ADMIN_KEY_FILE`` on the worker.
         timeout_s: deadline of one request, seconds.
-        **options: request options (``input_type`` (default ``document``), ``dimensions``,
-            ``embedding_type``, ``truncation``, ``allow_empty``).
+        **options: request options, the fields of
+            :class:`~triton_embed.options.RequestOptions` (``input_type`` (default
+            ``document``), ``dimensions``, ``embedding_type``, ``truncation``, ``allow_empty``,
+            ``normalize``, ``invalid_utf8``).
 
     Returns (per call): a ``pyarrow.Table`` with ``id``, ``num_tokens`` (int32),
     ``embedding`` (fixed-size list) and optionally ``text``, rows in the batch's order.

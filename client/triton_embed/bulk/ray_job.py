@@ -17,41 +17,64 @@ import os
 import sys
 import time
 
+from triton_embed.cli_args import add_model_arg, add_request_option_args, add_url_arg
+from triton_embed.options import OptionError, RequestOptions
+
+#: The keyword arguments of :func:`~triton_embed.bulk.ray_data.embed_dataset` that are flags
+#: of the job, under the same names.
+DATASET_FLAGS = ("model", "concurrency", "batch_size", "text_column", "id_column",
+                 "include_text", "node_local_port")  # fmt: skip
+
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line of the Ray job."""
+    """The command line of the Ray job.
+
+    ``--url``, ``--model`` and the request options' flags are those of ``triton-embed embed``
+    (:mod:`triton_embed.cli_args`): the same defaults, bounds and choices.
+    """
     p = argparse.ArgumentParser(prog="python -m triton_embed.bulk.ray_job", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("input", help="Parquet file, folder or URI with a text and an id column")
     p.add_argument("output", help="folder or URI for the output Parquet files")
-    p.add_argument("--url", default="127.0.0.1:8001", help="gRPC HOST:PORT[,HOST:PORT...]")
+    add_url_arg(p, several="several, comma-separated, are balanced over")
     p.add_argument("--node-local-port", type=int, default=None,
                    help="each actor uses the server on its own node at this gRPC port")  # fmt: skip
-    p.add_argument("--model", default="embed", help="ensemble name (default %(default)s)")
+    add_model_arg(p)
     p.add_argument("--concurrency", type=int, default=2, help="actors (default %(default)s)")
     p.add_argument("--batch-size", type=int, default=256,
                    help="rows per map_batches batch (default %(default)s)")  # fmt: skip
     p.add_argument("--blocks", type=int, default=None,
                    help="blocks the input is read into (default: 4 x --concurrency)")  # fmt: skip
-    p.add_argument("--text-field", default="text", help="text column (default %(default)s)")
-    p.add_argument("--id-field", default="id", help="id column (default %(default)s)")
+    p.add_argument("--text-field", dest="text_column", metavar="COLUMN", default="text",
+                   help="text column (default %(default)s)")  # fmt: skip
+    p.add_argument("--id-field", dest="id_column", metavar="COLUMN", default="id",
+                   help="id column (default %(default)s)")  # fmt: skip
     p.add_argument("--include-text", action="store_true", help="keep the texts in the output")
-    p.add_argument("--input-type", default="document", help="prompt name (default document)")
-    p.add_argument("--dimensions", type=int, default=None, help="Matryoshka dimensions")
-    p.add_argument("--embedding-type", default=None, help="float32, float16 or ubinary")
+    add_request_option_args(p, input_type_default="document", embedding_type=True)
     p.add_argument("--address", default=None,
                    help="Ray cluster address (default: RAY_ADDRESS, or a local Ray)")  # fmt: skip
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the job; prints a JSON summary line. Returns the exit code."""
+    """Run the job; prints a JSON summary line. Returns the exit code.
+
+    A request option outside its allowed values (a blank ``--input-type``) is a usage error:
+    the parser's message, exit code 2.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        # A corpus is documents.
+        options = RequestOptions.from_args(args, input_type_default="document")
+    except OptionError as exc:
+        parser.error(str(exc))
+
     import ray
 
     from triton_embed.admin import read_admin_key
     from triton_embed.bulk.ray_data import embed_dataset
 
-    args = build_parser().parse_args(argv)
     # A local path is read and written by tasks on other nodes, in other working folders.
     args.input, args.output = (p if "://" in p else os.path.abspath(p)
                                for p in (args.input, args.output))  # fmt: skip
@@ -61,22 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     ds = ray.data.read_parquet(args.input, override_num_blocks=args.blocks or 4 * args.concurrency)
     # The driver's key goes to the actors with their constructor arguments (workers started
     # without TRITON_EMBED_ADMIN_KEY in their environment, as a local cluster's, need it).
-    options = {"input_type": args.input_type, "admin_key": read_admin_key()}
-    if args.dimensions:
-        options["dimensions"] = args.dimensions
-    if args.embedding_type:
-        options["embedding_type"] = args.embedding_type
+    flags = {name: getattr(args, name) for name in DATASET_FLAGS}
     out = embed_dataset(
-        ds,
-        args.url,
-        model=args.model,
-        concurrency=args.concurrency,
-        batch_size=args.batch_size,
-        text_column=args.text_field,
-        id_column=args.id_field,
-        include_text=args.include_text,
-        node_local_port=args.node_local_port,
-        **options,
+        ds, args.url, **flags, admin_key=read_admin_key(), **options.to_parameters()
     )
     out.write_parquet(args.output)
     seconds = time.perf_counter() - t0

@@ -26,17 +26,10 @@ from triton_embed_server.gateway.merging import Merger, merge_key, split
 from triton_embed_server.gateway.metrics import GatewayMetrics
 from tritonclient.utils import InferenceServerException
 
+from tests.unit.gateway_fakes import embed_info
+
 DIM = 8
-MODEL = ModelInfo(
-    name="embed",
-    max_batch_size=4,
-    tokenizer="tokenizer",
-    embedder="embedder",
-    tokenizer_max_batch_size=4,
-    embedder_max_batch_size=4,
-    dimension=DIM,
-    max_length=16,
-)
+MODEL = embed_info(4, dimension=DIM, max_length=16)
 NONE = RequestOptions(truncation=Truncation.NONE)
 
 

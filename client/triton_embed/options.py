@@ -137,13 +137,15 @@ def quote(value: Any, limit: int = QUOTE_CHARS) -> str:
 
 
 def _member(cls: type[enum.Enum], value: Any, what: str, fold) -> Any:
-    """The member of ``cls`` whose value is ``fold(str(value).strip())``.
+    """The member of ``cls`` whose value is ``fold(str(value).strip())``; a member: itself.
 
     Raises:
         OptionError: none is (names ``what``, the value and the allowed values).
     """
+    if isinstance(value, cls):
+        return value  # already parsed: a member is never turned into text and read back
     try:
-        return cls(fold(str(value.value if isinstance(value, cls) else value).strip()))
+        return cls(fold(str(value).strip()))
     except ValueError:
         allowed = ", ".join(m.value for m in cls)
         raise OptionError(what, value, allowed, f"is not one of {allowed}") from None

@@ -155,7 +155,7 @@ def test_vllm_request_is_unchanged_and_the_gateway_accepts_its_own():
     body = openai_load.request_body(["a", "b"], "float", gateway.ENSEMBLE, gateway.TRUNCATION)
     parsed = parse_embeddings_request(body)
     assert (parsed.model, parsed.encoding_format) == ("embed", "float")
-    assert parsed.parameters == {"truncation": "END"}
+    assert parsed.options.to_parameters() == {"truncation": "END"}
 
 
 class FakeEmbeddings:

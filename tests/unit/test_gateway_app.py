@@ -24,14 +24,12 @@ from triton_embed_server.gateway.metrics import GatewayMetrics
 from triton_embed_server.gateway.settings import GatewaySettings
 from tritonclient.utils import InferenceServerException
 
+from tests.unit.gateway_fakes import embed_info
+
 DIM = 8
-MODEL = ModelInfo(
-    name="embed",
-    max_batch_size=4,
-    tokenizer="tokenizer",
-    embedder="embedder",
-    tokenizer_max_batch_size=4,
-    embedder_max_batch_size=6,
+MODEL = embed_info(
+    4,
+    6,
     served_model_name="org/model",
     dimension=DIM,
     max_length=16,
@@ -105,6 +103,17 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 def post(client, path, body, **kwargs):
     headers = {**JSON_HEADERS, **kwargs.pop("headers", {})}
     return client.post(path, content=orjson.dumps(body), headers=headers, **kwargs)
+
+
+def assert_invalid_request(r, status: int, message: str, param: str, code: str) -> None:
+    """``r`` is ``status`` with OpenAI's ``invalid_request_error`` envelope of these values."""
+    assert r.status_code == status
+    assert r.json()["error"] == {
+        "message": message,
+        "type": "invalid_request_error",
+        "param": param,
+        "code": code,
+    }
 
 
 # ---- /v1/embeddings -----------------------------------------------------------------------
@@ -306,14 +315,11 @@ def test_2048_inputs_are_served_and_2049_are_413(client):
     assert r.status_code == 200 and len(r.json()["data"]) == MAX_INPUTS
     pool.calls.clear()
     r = post(c, "/v1/embeddings", {"model": "embed", "input": ["x"] * (MAX_INPUTS + 1)})
-    assert r.status_code == 413
-    assert r.json()["error"] == {
-        "message": "'input' has 2049 inputs; at most 2048 are allowed per request; split them "
-        "over several requests",
-        "type": "invalid_request_error",
-        "param": "input",
-        "code": "too_many_inputs",
-    }
+    message = (
+        "'input' has 2049 inputs; at most 2048 are allowed per request; split them over "
+        "several requests"
+    )
+    assert_invalid_request(r, 413, message, "input", "too_many_inputs")
     r = post(c, "/v1/embeddings", {"model": "embed", "input": [[1]] * (MAX_INPUTS + 1)})
     assert r.status_code == 413
     assert pool.calls == []
@@ -344,14 +350,8 @@ def test_a_body_over_the_limit_is_413_by_content_length_and_by_its_stream():
 def test_unknown_model_is_404_listing_the_models(client):
     c, _ = client
     r = post(c, "/v1/embeddings", {"model": "nope", "input": "x"})
-    assert r.status_code == 404
-    assert r.json()["error"] == {
-        "message": "the model 'nope' does not exist; the models are: embed, org/model "
-        "(GET /v1/models)",
-        "type": "invalid_request_error",
-        "param": "model",
-        "code": "model_not_found",
-    }
+    message = "the model 'nope' does not exist; the models are: embed, org/model (GET /v1/models)"
+    assert_invalid_request(r, 404, message, "model", "model_not_found")
 
 
 def test_no_ready_upstream_is_503():

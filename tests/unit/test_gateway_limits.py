@@ -51,6 +51,16 @@ def message(r) -> str:
     return body["error"]["message"] if isinstance(body["error"], dict) else body["error"]
 
 
+def timed_embeddings(pool, delay_s: float, texts: list[str], **settings):
+    """``POST /v1/embeddings`` of ``texts`` to a gateway over ``pool``, each call taking
+    ``delay_s``: the answer and the seconds it took."""
+    pool.delay_s = delay_s
+    c, _, _ = make_client(pool, **settings)
+    started = time.perf_counter()
+    r = post(c, "/v1/embeddings", {"model": "embed", "input": texts})
+    return r, time.perf_counter() - started
+
+
 # ---- 415: a body not declared JSON --------------------------------------------------------
 
 
@@ -264,12 +274,9 @@ def test_a_request_over_the_token_budget_is_400_and_stops_computing():
 
 def test_within_the_budget_pieces_still_run_concurrently():
     pool = FakeUpstreamPool()
-    pool.delay_s = 0.2
-    c, _, _ = make_client(pool, max_request_tokens=100_000)
-    started = time.perf_counter()
-    r = post(c, "/v1/embeddings", {"model": "embed", "input": ["w w w"] * 40})
+    r, seconds = timed_embeddings(pool, 0.2, ["w w w"] * 40, max_request_tokens=100_000)
     assert r.status_code == 200 and len(pool.calls) == 10
-    assert time.perf_counter() - started < 1.0  # 10 pieces of 0.2 s at once, not one by one
+    assert seconds < 1.0  # 10 pieces of 0.2 s at once, not one by one
 
 
 # ---- disconnects and deadlines ------------------------------------------------------------
@@ -407,11 +414,8 @@ def test_a_client_that_stays_gets_its_answer_with_the_watcher_running():
 
 def test_past_the_deadline_the_pieces_are_cancelled_and_the_answer_is_504():
     pool = CountingPool()
-    pool.delay_s = 5.0
-    c, _, _ = make_client(pool, timeout_s=0.3)
-    started = time.perf_counter()
-    r = post(c, "/v1/embeddings", {"model": "embed", "input": ["w"] * 8})
-    assert time.perf_counter() - started < 2.0
+    r, seconds = timed_embeddings(pool, 5.0, ["w"] * 8, timeout_s=0.3)
+    assert seconds < 2.0
     assert r.status_code == 504 and r.json()["error"]["code"] == "upstream_timeout"
     assert message(r).startswith("the request did not finish within 0.3 s (--timeout-s)")
     assert pool.cancelled == 2 and pool.finished == 0

@@ -11,11 +11,13 @@ answers with ``BadRequest``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 
 import numpy as np
 import pytest
 from triton_embed.codec import frame_bytes
+from triton_embed.options import RequestOptions, Truncation
 from triton_embed.transport.catalog import Catalog, ModelInfo
 from triton_embed.transport.failures import ErrorKind, TransportError
 from triton_embed.transport.inference import Embeddings
@@ -24,18 +26,11 @@ from triton_embed_server.gateway.merging import Merger, merge_key, split
 from triton_embed_server.gateway.metrics import GatewayMetrics
 from tritonclient.utils import InferenceServerException
 
+from tests.unit.gateway_fakes import embed_info
+
 DIM = 8
-MODEL = ModelInfo(
-    name="embed",
-    max_batch_size=4,
-    tokenizer="tokenizer",
-    embedder="embedder",
-    tokenizer_max_batch_size=4,
-    embedder_max_batch_size=4,
-    dimension=DIM,
-    max_length=16,
-)
-NONE = {"truncation": "NONE"}
+MODEL = embed_info(4, dimension=DIM, max_length=16)
+NONE = RequestOptions(truncation=Truncation.NONE)
 
 
 def vector(text: bytes) -> np.ndarray:
@@ -135,7 +130,7 @@ def test_an_idle_gateway_sends_a_request_at_once_in_one_call():
         assert pool.texts_per_call() == [encoded("a b", "c")]  # sent before anything finished
         pool.hold.set()
         assert_answers(await task, encoded("a b", "c"))
-        assert pool.calls[0][1] == NONE
+        assert pool.calls[0][1] == {"truncation": "NONE"}  # the options, as sent
         assert merged_requests(metrics) == (1, 1)
         assert not merger._queues  # nothing kept once idle
 
@@ -264,13 +259,13 @@ def test_requests_with_different_parameters_are_never_merged():
     async def scenario():
         pool = FakeEnsemblePool()
         merger = Merger(pool, 1)
-        end = {"truncation": "END"}
+        end = RequestOptions(truncation=Truncation.END)
         pool.hold = asyncio.Event()
         sent = [(encoded("a"), NONE), (encoded("b"), end)]  # one key each: both at once
         waiting = [
             (encoded("c"), NONE),
             (encoded("d"), end),
-            (encoded("e"), {**NONE, "dimensions": 4}),
+            (encoded("e"), dataclasses.replace(NONE, dimensions=4)),
             (encoded("f"), NONE),
         ]
         tasks = [asyncio.ensure_future(merger.embed_texts(MODEL, t, p)) for t, p in sent + waiting]
@@ -280,20 +275,24 @@ def test_requests_with_different_parameters_are_never_merged():
         await asyncio.gather(*tasks)
         calls = {tuple(texts): params for texts, params in pool.calls}
         assert calls == {
-            (b"a",): NONE,
-            (b"b",): end,
-            (b"e",): {**NONE, "dimensions": 4},
-            (b"c", b"f"): NONE,
-            (b"d",): end,
+            (b"a",): {"truncation": "NONE"},
+            (b"b",): {"truncation": "END"},
+            (b"e",): {"truncation": "NONE", "dimensions": 4},
+            (b"c", b"f"): {"truncation": "NONE"},
+            (b"d",): {"truncation": "END"},
         }
 
     run(scenario())
 
 
-def test_the_merge_key_is_order_independent_and_typed():
-    assert merge_key(MODEL, {"a": "x", "b": 2}) == merge_key(MODEL, {"b": 2, "a": "x"})
-    assert merge_key(MODEL, {"allow_empty": True}) != merge_key(MODEL, {"allow_empty": 1})
-    assert merge_key(MODEL, {}) != merge_key(MODEL, NONE)
+def test_the_merge_key_is_the_ensemble_and_the_parsed_options():
+    # The options are parsed when made, so one value given two ways is one key.
+    given = RequestOptions(truncation=" none ", dimensions="4", allow_empty=1)
+    assert merge_key(MODEL, given) == merge_key(
+        MODEL, RequestOptions(truncation=Truncation.NONE, dimensions=4, allow_empty=True)
+    )
+    assert merge_key(MODEL, RequestOptions()) != merge_key(MODEL, NONE)
+    assert merge_key(MODEL, NONE) != merge_key(MODEL, dataclasses.replace(NONE, normalize=False))
     other = ModelInfo(**{**MODEL.__dict__, "name": "other"})
     assert merge_key(MODEL, NONE) != merge_key(other, NONE)
     hash(merge_key(MODEL, NONE))

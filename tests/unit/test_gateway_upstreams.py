@@ -22,6 +22,8 @@ from triton_embed_server.gateway.folder_facts import folder_facts
 from triton_embed_server.gateway.metrics import GatewayMetrics
 from tritonclient.utils import InferenceServerException
 
+from tests.unit.gateway_fakes import embed_info
+
 ADMIN_KEY = "admin-key-0123456789abcdef"
 EMBED_CONFIG = {
     "name": "embed",
@@ -240,13 +242,9 @@ def test_the_catalog_holds_the_embedding_ensembles_of_ready_upstreams():
         await pool.refresh()
         info = pool.catalog.resolve("sentence-transformers/all-MiniLM-L6-v2")
         assert info == pool.catalog.resolve("embed")
-        assert info == ModelInfo(
-            name="embed",
-            max_batch_size=64,
-            tokenizer="tokenizer",
-            embedder="embedder",
-            tokenizer_max_batch_size=64,
-            embedder_max_batch_size=256,
+        assert info == embed_info(
+            64,
+            256,
             served_model_name="sentence-transformers/all-MiniLM-L6-v2",
             dimension=384,
             max_length=256,

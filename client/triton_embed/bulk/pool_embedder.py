@@ -111,7 +111,6 @@ class PoolEmbedder:
         self.urls = parse_urls(urls)
         self.model = model
         self.options = options
-        self.parameters = options.to_parameters()
         self.embedding_type = options.embedding_type or DEFAULT_EMBEDDING_TYPE
         self.timeout_s = timeout_s
         self.admin_key = admin_key
@@ -201,7 +200,7 @@ class PoolEmbedder:
 
         async def attempt() -> inference.Embeddings:
             info = self._pool.catalog.resolve(self.model) or self.info
-            return await inference.embed_texts(self._pool, info, payloads, self.parameters)
+            return await inference.embed_texts(self._pool, info, payloads, self.options)
 
         try:
             answer = await self.retry.call_async(attempt, on_retry=count_retry)

@@ -136,7 +136,7 @@ class ModelInfo:
     max_chunks: int = 16
     max_request_tokens: int | None = None
 
-    def piece_size(self, truncation: str | None) -> int:
+    def piece_size(self, truncation: Truncation | str | None) -> int:
         """Texts per upstream call, so that no call can pass the step's token budget.
 
         ``max(1, min(max_batch_size, max_request_tokens // per_text))`` where ``per_text`` is
@@ -144,12 +144,13 @@ class ModelInfo:
         64 texts, and 16 with ``CHUNK`` (65,536 // (256 x 16)).
 
         Args:
-            truncation: the request's ``truncation`` parameter (``None``: the server's).
+            truncation: the request's ``truncation`` option (its value, e.g. ``"CHUNK"``, or
+                the :class:`~triton_embed.options.Truncation`; ``None``: the server's).
         """
         if self.max_length is None or self.max_request_tokens is None:
             return self.max_batch_size
         per_text = self.max_length
-        if truncation == Truncation.CHUNK.value:
+        if truncation == Truncation.CHUNK:
             per_text *= self.max_chunks
         return max(1, min(self.max_batch_size, self.max_request_tokens // per_text))
 

@@ -19,6 +19,10 @@ request's inputs.
   (``NUM_TOKENS`` is then the number of IDs of each input);
 * :func:`tokenize`: the ensemble's tokenizer step, ``TEXT`` -> ``TOKEN_IDS``.
 
+Each takes the request's options as one :class:`~triton_embed.options.RequestOptions`
+value; they become the KServe v2 request parameters of each upstream call there, and only
+there (:meth:`~triton_embed.options.RequestOptions.to_parameters`).
+
 The HTTP gateway's routes call :func:`embed_texts` through its request merging (which
 merges small concurrent requests into one call); the bulk job
 (:mod:`triton_embed.bulk.pool_embedder`) calls it directly.
@@ -41,7 +45,7 @@ from triton_embed.codec import (
     encode_token_ids,
     int32_values,
 )
-from triton_embed.options import TRUNCATION
+from triton_embed.options import RequestOptions
 from triton_embed.transport.catalog import ModelInfo
 from triton_embed.transport.failures import ErrorKind, TransportError, upstream_error
 from triton_embed.transport.upstreams import UpstreamPool
@@ -220,11 +224,16 @@ async def _call(
     model: str,
     inputs: Mapping[str, Sequence[bytes]],
     outputs: Sequence[str],
-    parameters: Mapping[str, Any] | None,
+    options: RequestOptions | None,
     start: int,
 ) -> dict[str, bytes]:
-    """One piece's upstream call, its failure mapped to a :class:`TransportError`."""
+    """One piece's upstream call, its failure mapped to a :class:`TransportError`.
+
+    The request's ``options`` become the call's KServe v2 request parameters here, the one
+    place they are (``None``: none, the server's defaults apply).
+    """
     size = len(next(iter(inputs.values())))
+    parameters = {} if options is None else options.to_parameters()
     try:
         raw = await pool.infer(model, inputs, outputs, parameters)
     except InferenceServerException as exc:
@@ -257,7 +266,7 @@ async def embed_texts(
     pool: Pool,
     model: ModelInfo,
     texts: Sequence[bytes],
-    parameters: Mapping[str, Any],
+    options: RequestOptions | None = None,
     budget: TokenBudget | None = None,
 ) -> Embeddings:
     """Embed UTF-8 texts with the ensemble ``model``.
@@ -266,7 +275,8 @@ async def embed_texts(
         pool: the upstreams.
         model: the ensemble.
         texts: ``n`` UTF-8 payloads.
-        parameters: the request parameters (``truncation``, ``input_type``, ...).
+        options: the request options (``truncation``, ``input_type``, ...; ``None``: the
+            server's defaults).
         budget: the request's token budget (``None``: none).
 
     Raises:
@@ -280,7 +290,7 @@ async def embed_texts(
             model.name,
             {"TEXT": texts[start:stop]},
             ("EMBEDDING", "NUM_TOKENS"),
-            parameters,
+            options,
             start,
         )
         count = stop - start
@@ -291,7 +301,7 @@ async def embed_texts(
         elements = _embedding_elements(raw["EMBEDDING"], count, model.name)
         return (elements, num_tokens), int(num_tokens.sum())
 
-    size = model.piece_size(parameters.get(TRUNCATION))
+    size = model.piece_size(None if options is None else options.truncation)
     spans = pieces(len(texts), size)
     bounds = None
     if budget is not None and len(spans) > 1:
@@ -305,7 +315,7 @@ async def embed_token_ids(
     pool: Pool,
     model: ModelInfo,
     token_ids: Sequence[Sequence[int]],
-    parameters: Mapping[str, Any],
+    options: RequestOptions | None = None,
     budget: TokenBudget | None = None,
 ) -> Embeddings:
     """Embed token-ID lists with the ensemble's embedder step (validated by the server).
@@ -314,7 +324,8 @@ async def embed_token_ids(
         pool: the upstreams.
         model: the ensemble (its :attr:`~ModelInfo.embedder` is called).
         token_ids: ``n`` lists of IDs, each ``0 <= id < 2**31``.
-        parameters: the request parameters the embedder reads (``dimensions``).
+        options: the request options the embedder reads (``dimensions``, ...; ``None``:
+            the server's defaults).
         budget: the request's token budget (``None``: none), checked before any call
             (the IDs are the tokens).
 
@@ -330,7 +341,7 @@ async def embed_token_ids(
     async def call(start: int, stop: int) -> tuple[list[memoryview], int]:
         raw = await _call(
             pool, model.embedder, {"TOKEN_IDS": payloads[start:stop]}, ("EMBEDDING",),
-            parameters, start,
+            options, start,
         )  # fmt: skip
         return _embedding_elements(raw["EMBEDDING"], stop - start, model.embedder), 0
 
@@ -340,9 +351,16 @@ async def embed_token_ids(
 
 
 async def tokenize(
-    pool: Pool, model: ModelInfo, texts: Sequence[bytes], parameters: Mapping[str, Any]
+    pool: Pool, model: ModelInfo, texts: Sequence[bytes], options: RequestOptions | None = None
 ) -> list[list[int]]:
     """The token IDs the ensemble's tokenizer step makes of each text (special tokens included).
+
+    Args:
+        pool: the upstreams.
+        model: the ensemble (its :attr:`~ModelInfo.tokenizer` is called).
+        texts: ``n`` UTF-8 payloads.
+        options: the request options the tokenizer reads (``truncation``, ``input_type``,
+            ...; ``None``: the server's defaults).
 
     Raises:
         TransportError: a piece failed (the server's message).
@@ -350,7 +368,7 @@ async def tokenize(
 
     async def call(start: int, stop: int) -> tuple[list[list[int]], int]:
         raw = await _call(
-            pool, model.tokenizer, {"TEXT": texts[start:stop]}, ("TOKEN_IDS",), parameters, start
+            pool, model.tokenizer, {"TEXT": texts[start:stop]}, ("TOKEN_IDS",), options, start
         )
         elements = _embedding_elements(raw["TOKEN_IDS"], stop - start, model.tokenizer)
         try:

@@ -56,7 +56,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from triton_embed.options import TRUNCATION, Truncation
+from triton_embed.options import RequestOptions, Truncation
 from triton_embed.transport.catalog import ModelInfo
 from triton_embed.transport.failures import TransportError
 from triton_embed.transport.inference import Pool, TokenBudget
@@ -161,17 +161,17 @@ class Gateway:
             param="model",
         )
 
-    def token_budget(self, model: ModelInfo, parameters: dict[str, Any], field: str) -> TokenBudget:
+    def token_budget(self, model: ModelInfo, options: RequestOptions, field: str) -> TokenBudget:
         """The token budget of one embedding request to ``model`` (``--max-request-tokens``).
 
         Args:
             model: the ensemble.
-            parameters: the request parameters (``truncation=CHUNK`` lets a text have
+            options: the request options (``truncation=CHUNK`` lets a text have
                 ``max_chunks`` windows of ``max_length`` tokens).
             field: the request field of the inputs, for the message.
         """
         per_text = model.max_length
-        if per_text is not None and parameters.get(TRUNCATION) == Truncation.CHUNK.value:
+        if per_text is not None and options.truncation is Truncation.CHUNK:
             per_text *= model.max_chunks
         return TokenBudget(self.max_request_tokens, per_text, field)
 

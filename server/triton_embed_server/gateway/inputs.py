@@ -10,8 +10,10 @@ Both APIs take the same four forms of input (OpenAI's ``input``, TEI's ``inputs`
 Texts go to the ensemble as UTF-8; token IDs go to its embedder step as little-endian int32
 (:func:`triton_embed.codec.encode_token_ids`) and are validated there (vocabulary, token
 budget). A request holds at most :data:`~triton_embed.transport.inference.MAX_INPUTS`
-inputs. The options become KServe v2 request parameters through
-:class:`triton_embed.options.RequestOptions`, the one parser of their values.
+inputs. The options are read once, into one :class:`triton_embed.options.RequestOptions`
+value (the one parser of their values), which the gateway's checks, its request merging and
+the transport read as it is; it becomes KServe v2 request parameters only where the Triton
+request is built (:mod:`triton_embed.transport.inference`).
 """
 
 from __future__ import annotations
@@ -192,12 +194,12 @@ def _dimensions(value: Any, field: str) -> int:
     return value
 
 
-def check_request(inputs: Inputs, parameters: dict[str, Any], model: ModelInfo, field: str) -> None:
+def check_request(inputs: Inputs, options: RequestOptions, model: ModelInfo, field: str) -> None:
     """Refuse what ``model`` would refuse: an empty text, a ``dimensions`` above its size.
 
     Args:
         inputs: the request's inputs, read from ``field``.
-        parameters: its request parameters.
+        options: its request options (:func:`request_options`).
         model: the ensemble it asks for.
         field: the API's field of the inputs (``input``, ``inputs``), for messages.
 
@@ -205,16 +207,16 @@ def check_request(inputs: Inputs, parameters: dict[str, Any], model: ModelInfo, 
         BadRequest: :func:`check_not_empty` or :func:`check_dimensions` refuses it.
     """
     check_not_empty(inputs, model, field)
-    check_dimensions(parameters, model, DIMENSIONS)
+    check_dimensions(options, model, DIMENSIONS)
 
 
-def check_dimensions(parameters: dict[str, Any], model: ModelInfo, field: str) -> None:
-    """Refuse a ``dimensions`` above ``model``'s vector size (when the config states it).
+def check_dimensions(options: RequestOptions, model: ModelInfo, field: str) -> None:
+    """Refuse an ``options.dimensions`` above ``model``'s vector size (when the config states it).
 
     Raises:
         BadRequest: it is (names ``field``, the value and the model's dimension).
     """
-    wanted = parameters.get(DIMENSIONS)
+    wanted = options.dimensions
     if wanted is not None and model.dimension is not None and wanted > model.dimension:
         raise BadRequest(
             f"'{field}' is {wanted}; the vectors of model {model.name!r} have "
@@ -224,7 +226,7 @@ def check_dimensions(parameters: dict[str, Any], model: ModelInfo, field: str) -
         )
 
 
-def request_parameters(
+def request_options(
     *,
     truncation: Any = None,
     truncation_field: str = "truncation",
@@ -232,17 +234,23 @@ def request_parameters(
     input_type_field: str = INPUT_TYPE,
     dimensions: Any = None,
     dimensions_field: str = DIMENSIONS,
-) -> dict[str, Any]:
-    """The KServe v2 request parameters of a request's options (``None``: not set).
+) -> RequestOptions:
+    """A request's options, read and checked (``None``: not set, the server's default applies).
 
     Args:
-        truncation: ``NONE`` / ``END`` / ``START`` / ``CHUNK`` (case-insensitive).
+        truncation: ``NONE`` / ``END`` / ``START`` / ``CHUNK`` (case-insensitive), or a
+            :class:`~triton_embed.options.Truncation`.
         truncation_field: the field it came in, for messages.
         input_type: a prompt name of the model (``query``, ``document``, ...).
         input_type_field: the field it came in, for messages.
         dimensions: a whole number from 1 to :data:`MAX_DIMENSIONS` (the server checks it
             is one of the model's; :func:`check_dimensions` that it is not above its size).
         dimensions_field: the field it came in, for messages.
+
+    Returns:
+        The frozen (hashable) options, their values typed: ``truncation`` a
+        :class:`~triton_embed.options.Truncation`, ``input_type`` a ``str``, ``dimensions``
+        an ``int``; the other options unset.
 
     Raises:
         BadRequest: a value outside its allowed set (names the API's field and the allowed
@@ -272,9 +280,8 @@ def request_parameters(
                 f"document; got {quote(input_type)}",
                 param=input_type_field,
             ) from None
-    options = RequestOptions(
+    return RequestOptions(
         truncation=truncation,
         input_type=input_type,
         dimensions=None if dimensions is None else _dimensions(dimensions, dimensions_field),
     )
-    return options.to_parameters()

@@ -9,7 +9,7 @@ flight; perf/README.md, "Alternatives"): Triton's dynamic batcher already batche
 embedder step. So it is off by default (``--merge-in-flight 0``).
 
 How (:class:`Merger`), per merge key (:func:`merge_key`: the ensemble and the request
-parameters, which must be equal to share a call):
+options, which must be equal to share a call):
 
 * at most ``in_flight`` upstream calls run at once (``--merge-in-flight``). A request that
   arrives while fewer are running is sent at once, alone, exactly as without merging: an
@@ -42,11 +42,10 @@ from __future__ import annotations
 import asyncio
 import copy
 from collections import deque
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from triton_embed.options import TRUNCATION
+from triton_embed.options import RequestOptions
 from triton_embed.transport import inference
 from triton_embed.transport.catalog import ModelInfo
 from triton_embed.transport.failures import ErrorKind, TransportError
@@ -54,25 +53,22 @@ from triton_embed.transport.inference import Embeddings, Pool
 
 from triton_embed_server.gateway.metrics import GatewayMetrics
 
-#: ``(ensemble, frozenset of (parameter name, value type, value))``.
-MergeKey = tuple[ModelInfo, frozenset[tuple[str, type, Hashable]]]
+#: ``(ensemble, request options)``.
+MergeKey = tuple[ModelInfo, RequestOptions]
 
 
-def merge_key(model: ModelInfo, parameters: Mapping[str, Any]) -> MergeKey:
-    """The key under which requests may share a call: the ensemble and its parameters.
+def merge_key(model: ModelInfo, options: RequestOptions) -> MergeKey:
+    """The key under which requests may share a call: the ensemble and its request options.
 
-    Order-independent (``{"a": 1, "b": 2}`` and ``{"b": 2, "a": 1}`` are one key); a value's
-    type is part of it, so ``True`` and ``1`` are not merged.
+    Two requests share a key when their options are equal
+    (:class:`~triton_embed.options.RequestOptions` is frozen, its values parsed: typed and
+    hashable).
 
     Args:
         model: the ensemble the request resolved to.
-        parameters: the request parameters (``str``, ``bool`` or ``int`` values:
-            :meth:`triton_embed.options.RequestOptions.to_parameters`).
-
-    Raises:
-        TypeError: a parameter value is not hashable.
+        options: the request's options.
     """
-    return model, frozenset((name, type(value), value) for name, value in parameters.items())
+    return model, options
 
 
 def split(embeddings: Embeddings, counts: Sequence[int]) -> list[Embeddings]:
@@ -174,7 +170,7 @@ class Merger:
         self,
         model: ModelInfo,
         texts: Sequence[bytes],
-        parameters: Mapping[str, Any],
+        options: RequestOptions,
         budget: inference.TokenBudget | None = None,
     ) -> Embeddings:
         """Embed UTF-8 texts with the ensemble ``model``, alone or merged with others.
@@ -182,7 +178,7 @@ class Merger:
         Args:
             model: the ensemble.
             texts: ``n`` UTF-8 payloads.
-            parameters: the request parameters (``truncation``, ``input_type``, ...).
+            options: the request options (``truncation``, ``input_type``, ...).
             budget: the request's token budget (``None``: none); a merged request (one
                 piece at most) is checked once its counts are back.
 
@@ -194,26 +190,26 @@ class Merger:
             TransportError: the request failed (its own error: a text named by its index in
                 ``texts``), or the call it shared failed for a reason of the server's.
         """
-        if not self.in_flight or len(texts) > model.piece_size(parameters.get(TRUNCATION)):
-            return await inference.embed_texts(self.pool, model, texts, parameters, budget)
-        result = await self._merged(model, texts, parameters)
+        if not self.in_flight or len(texts) > model.piece_size(options.truncation):
+            return await inference.embed_texts(self.pool, model, texts, options, budget)
+        result = await self._merged(model, texts, options)
         if budget is not None:
             budget.check(int(result.num_tokens.sum()), len(texts), len(texts))
         return result
 
     async def _merged(
-        self, model: ModelInfo, texts: Sequence[bytes], parameters: Mapping[str, Any]
+        self, model: ModelInfo, texts: Sequence[bytes], options: RequestOptions
     ) -> Embeddings:
-        key = merge_key(model, parameters)
+        key = merge_key(model, options)
         queue = self._queues.get(key)
         if queue is None:
             queue = self._queues[key] = _KeyQueue()
         if queue.running < self.in_flight:
             queue.running += 1
             try:
-                return await self._send(model, texts, parameters, requests=1)
+                return await self._send(model, texts, options, requests=1)
             finally:
-                self._next(key, queue, model, parameters)
+                self._next(key, queue, model, options)
         waiter = _Waiter(texts, asyncio.get_running_loop().create_future())
         queue.waiting.append(waiter)
         try:
@@ -223,29 +219,29 @@ class Merger:
                 queue.waiting.remove(waiter)
             raise
         if result is None:
-            return await self._send(model, texts, parameters, requests=1)
+            return await self._send(model, texts, options, requests=1)
         return result
 
     async def _send(
-        self, model: ModelInfo, texts: Sequence[bytes], parameters: Mapping[str, Any], requests: int
+        self, model: ModelInfo, texts: Sequence[bytes], options: RequestOptions, requests: int
     ) -> Embeddings:
         """One upstream call of ``requests`` requests' texts (at most ``max_batch_size``)."""
         if self.metrics is not None:
             self.metrics.merged_requests.observe(requests)
-        return await inference.embed_texts(self.pool, model, texts, parameters)
+        return await inference.embed_texts(self.pool, model, texts, options)
 
     def _next(
-        self, key: MergeKey, queue: _KeyQueue, model: ModelInfo, parameters: Mapping[str, Any]
+        self, key: MergeKey, queue: _KeyQueue, model: ModelInfo, options: RequestOptions
     ) -> None:
         """A call of ``key`` finished: its slot sends the waiting requests, or is freed."""
-        batch = _take(queue.waiting, model.piece_size(parameters.get(TRUNCATION)))
+        batch = _take(queue.waiting, model.piece_size(options.truncation))
         if not batch:
             queue.running -= 1
             if not queue.running and not queue.waiting:
                 del self._queues[key]
             return
         task = asyncio.get_running_loop().create_task(
-            self._merged_call(key, queue, model, parameters, batch)
+            self._merged_call(key, queue, model, options, batch)
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -255,21 +251,19 @@ class Merger:
         key: MergeKey,
         queue: _KeyQueue,
         model: ModelInfo,
-        parameters: Mapping[str, Any],
+        options: RequestOptions,
         batch: list[_Waiter],
     ) -> None:
         """Send ``batch`` as one call, settle each request's future, then pass the slot on."""
         try:
-            await self._serve(model, parameters, batch)
+            await self._serve(model, options, batch)
         finally:
-            self._next(key, queue, model, parameters)
+            self._next(key, queue, model, options)
 
-    async def _serve(
-        self, model: ModelInfo, parameters: Mapping[str, Any], batch: list[_Waiter]
-    ) -> None:
+    async def _serve(self, model: ModelInfo, options: RequestOptions, batch: list[_Waiter]) -> None:
         texts = [text for waiter in batch for text in waiter.texts]
         try:
-            result = await self._send(model, texts, parameters, requests=len(batch))
+            result = await self._send(model, texts, options, requests=len(batch))
             parts = split(result, [len(waiter.texts) for waiter in batch])
         except asyncio.CancelledError:
             for waiter in batch:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
+from triton_embed.options import RequestOptions
 from triton_embed.transport import inference
 
 from triton_embed_server.gateway.errors import BadRequest, quote
@@ -43,7 +44,7 @@ from triton_embed_server.gateway.inputs import (
     Inputs,
     check_request,
     parse_inputs,
-    request_parameters,
+    request_options,
 )
 
 if TYPE_CHECKING:
@@ -72,13 +73,14 @@ class EmbeddingsRequest:
         model: the name as requested (echoed in the answer).
         inputs: texts or token-ID lists.
         encoding_format: ``float`` or ``base64``.
-        parameters: the KServe v2 request parameters to send.
+        options: the request options to send (``truncation``, ``input_type``,
+            ``dimensions``).
     """
 
     model: str
     inputs: Inputs
     encoding_format: str
-    parameters: dict[str, Any]
+    options: RequestOptions
 
 
 def parse_embeddings_request(body: Any) -> EmbeddingsRequest:
@@ -137,13 +139,13 @@ def parse_embeddings_request(body: Any) -> EmbeddingsRequest:
                     "text, or leave it out)",
                     param=field,
                 )
-    parameters = request_parameters(
+    options = request_options(
         truncation=truncation,
         truncation_field=truncation_field,
         input_type=input_type,
         dimensions=body.get("dimensions"),
     )
-    return EmbeddingsRequest(model, inputs, encoding, parameters)
+    return EmbeddingsRequest(model, inputs, encoding, options)
 
 
 def render_embeddings(model: str, embeddings: inference.Embeddings, encoding: str) -> bytes:
@@ -180,15 +182,15 @@ async def embeddings(gateway: Gateway, request: Request, state: RequestState) ->
     parsed = parse_embeddings_request(state.body)
     model = gateway.model(parsed.model)
     state.model = model.name
-    check_request(parsed.inputs, parsed.parameters, model, "input")
-    budget = gateway.token_budget(model, parsed.parameters, "input")
+    check_request(parsed.inputs, parsed.options, model, "input")
+    budget = gateway.token_budget(model, parsed.options, "input")
     if parsed.inputs.texts is not None:
         result = await gateway.merger.embed_texts(
-            model, parsed.inputs.texts, parsed.parameters, budget
+            model, parsed.inputs.texts, parsed.options, budget
         )
     else:
         result = await inference.embed_token_ids(
-            gateway.pool, model, parsed.inputs.token_ids or [], parsed.parameters, budget
+            gateway.pool, model, parsed.inputs.token_ids or [], parsed.options, budget
         )
     return Response(
         render_embeddings(parsed.model, result, parsed.encoding_format), media_type=JSON

@@ -33,6 +33,7 @@ Unknown fields are 400 (TEI ignores them; a misspelt option is better refused).
 
 from __future__ import annotations
 
+import dataclasses
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +41,7 @@ import numpy as np
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
-from triton_embed.options import NORMALIZE, Truncation
+from triton_embed.options import RequestOptions, Truncation
 from triton_embed.transport import inference
 from triton_embed.transport.catalog import ModelInfo
 
@@ -51,7 +52,7 @@ from triton_embed_server.gateway.inputs import (
     check_not_empty,
     check_request,
     parse_inputs,
-    request_parameters,
+    request_options,
 )
 
 if TYPE_CHECKING:
@@ -94,12 +95,13 @@ def _inputs(value: Any) -> Inputs:
     return parse_inputs(value, "inputs")
 
 
-def parse_embed_request(body: Any, model: ModelInfo) -> tuple[Inputs, dict[str, Any], bool]:
+def parse_embed_request(body: Any, model: ModelInfo) -> tuple[Inputs, RequestOptions, bool]:
     """Read a ``POST /embed`` body for ``model``.
 
     Returns:
-        The inputs, the request parameters, and whether the gateway must L2-normalize the
-        vectors (``normalize`` asked for and the model not known to normalize).
+        The inputs, the request options (``normalize=False`` when ``normalize`` is false),
+        and whether the gateway must L2-normalize the vectors (``normalize`` asked for and
+        the model not known to normalize).
 
     Raises:
         BadRequest: a malformed field.
@@ -126,15 +128,15 @@ def parse_embed_request(body: Any, model: ModelInfo) -> tuple[Inputs, dict[str, 
         truncation = None
     else:
         truncation = DIRECTIONS[direction.lower()] if truncate else Truncation.NONE
-    parameters = request_parameters(
+    options = request_options(
         truncation=truncation,
         input_type=prompt_name,
         input_type_field="prompt_name",
         dimensions=body.get("dimensions"),
     )
-    if not normalize:
-        parameters[NORMALIZE] = False  # the embedder step returns the pooled vectors as they are
-    return inputs, parameters, normalize and model.normalize is not True
+    if not normalize:  # the embedder step returns the pooled vectors as they are
+        options = dataclasses.replace(options, normalize=False)
+    return inputs, options, normalize and model.normalize is not True
 
 
 def l2_normalized(matrix: np.ndarray) -> np.ndarray:
@@ -147,14 +149,14 @@ async def embed(gateway: Gateway, request: Request, state: RequestState) -> Resp
     """``POST /embed`` (also ``POST /`` and ``POST /invocations``, as TEI routes them)."""
     model = gateway.model(gateway.default_model)
     state.model = model.name
-    inputs, parameters, normalize = parse_embed_request(state.body, model)
-    check_request(inputs, parameters, model, "inputs")
-    budget = gateway.token_budget(model, parameters, "inputs")
+    inputs, options, normalize = parse_embed_request(state.body, model)
+    check_request(inputs, options, model, "inputs")
+    budget = gateway.token_budget(model, options, "inputs")
     if inputs.texts is not None:
-        result = await gateway.merger.embed_texts(model, inputs.texts, parameters, budget)
+        result = await gateway.merger.embed_texts(model, inputs.texts, options, budget)
     else:
         result = await inference.embed_token_ids(
-            gateway.pool, model, inputs.token_ids or [], parameters, budget
+            gateway.pool, model, inputs.token_ids or [], options, budget
         )
     matrix = result.matrix()
     if normalize:
@@ -162,8 +164,8 @@ async def embed(gateway: Gateway, request: Request, state: RequestState) -> Resp
     return Response(orjson.dumps(matrix, option=orjson.OPT_SERIALIZE_NUMPY), media_type=JSON)
 
 
-def parse_tokenize_request(body: Any) -> tuple[list[bytes], dict[str, Any]]:
-    """Read a ``POST /tokenize`` body: the texts and the request parameters.
+def parse_tokenize_request(body: Any) -> tuple[list[bytes], RequestOptions]:
+    """Read a ``POST /tokenize`` body: the texts and the request options.
 
     Raises:
         BadRequest: a malformed field, token IDs as input, or ``add_special_tokens: false``.
@@ -178,21 +180,21 @@ def parse_tokenize_request(body: Any) -> tuple[list[bytes], dict[str, Any]]:
             "add_special_tokens=false is not supported: the model's tokenizer step always "
             "adds its special tokens"
         )
-    parameters = request_parameters(
+    options = request_options(
         truncation=Truncation.NONE,
         input_type=body.get("prompt_name"),
         input_type_field="prompt_name",
     )
-    return inputs.texts, parameters
+    return inputs.texts, options
 
 
 async def tokenize(gateway: Gateway, request: Request, state: RequestState) -> Response:
     """``POST /tokenize`` (its body already read: ``state.body``)."""
     model = gateway.model(gateway.default_model)
     state.model = model.name
-    texts, parameters = parse_tokenize_request(state.body)
+    texts, options = parse_tokenize_request(state.body)
     check_not_empty(Inputs(texts=texts), model, "inputs")
-    token_ids = await inference.tokenize(gateway.pool, model, texts, parameters)
+    token_ids = await inference.tokenize(gateway.pool, model, texts, options)
     tokens = [
         [{"id": i, "text": None, "special": None, "start": None, "stop": None} for i in ids]
         for ids in token_ids

@@ -27,6 +27,78 @@ log = logging.getLogger("triton_embed.gateway")
 _DEFAULT = {f.name: f.default for f in fields(GatewaySettings)}
 
 
+#: The gateway's flags but ``--upstream`` and ``--log-level``: (flag, type, help); each
+#: flag's default is its settings field's (``--max-in-flight``: ``max_in_flight``).
+_FLAGS = (
+    ("--host", str, "address to listen on (default %(default)s)"),
+    ("--port", positive_int, "port to listen on (default %(default)s)"),
+    (
+        "--api-key-file",
+        Path,
+        "file holding the key clients must send as 'Authorization: Bearer <key>' "
+        "(default: TRITON_EMBED_GATEWAY_API_KEY; neither: no key, every route open)",
+    ),
+    (
+        "--admin-key-file",
+        Path,
+        "file holding the servers' admin key, needed to list their models and read "
+        "their configs (default: TRITON_EMBED_ADMIN_KEY, the file TRITON_EMBED_ADMIN_KEY_FILE, "
+        "the server's default key file)",
+    ),
+    (
+        "--max-body-mb",
+        positive_float,
+        "largest request body, MiB; larger ones are answered 413 (default: 2,048 inputs "
+        "of the tokenizer's default character cap, 16,384 bytes, plus JSON: about 32.1 MiB)",
+    ),
+    (
+        "--max-request-tokens",
+        positive_int,
+        "tokens one embedding request may hold in all; more are answered 400 "
+        "(default %(default)s: 9-26 s of the engine on 2 cores; docs/operations.md)",
+    ),
+    (
+        "--header-timeout-s",
+        positive_float,
+        "seconds a request's headers may take; past it 408 and the connection closes "
+        "(default %(default)s)",
+    ),
+    (
+        "--body-timeout-s",
+        positive_float,
+        "seconds a request's body may take, plus 1 s per 64 KiB received; past it 408 "
+        "and the connection closes (default %(default)s)",
+    ),
+    (
+        "--max-in-flight",
+        positive_int,
+        "requests handled at once; more are answered 429 (default %(default)s)",
+    ),
+    (
+        "--merge-in-flight",
+        non_negative_int,
+        "upstream calls per model and request options before further small text "
+        "requests wait and are merged into one call; an idle gateway sends at once (default "
+        "%(default)s: no merging, which measured as fast on 2 cores; perf/README.md)",
+    ),
+    (
+        "--default-model",
+        str,
+        "the model of the TEI routes /embed, /tokenize, /info (default %(default)s)",
+    ),
+    (
+        "--timeout-s",
+        positive_float,
+        "deadline of one upstream call, seconds; past it 504 (default %(default)s)",
+    ),
+    (
+        "--workers",
+        positive_int,
+        "uvicorn worker processes (default %(default)s; each has its own limits and metrics)",
+    ),
+)
+
+
 def add_gateway_args(p: argparse.ArgumentParser) -> None:
     """The flags of the gateway, defined once.
 
@@ -42,89 +114,8 @@ def add_gateway_args(p: argparse.ArgumentParser) -> None:
         help="gRPC address(es) of the Triton servers; a host name is resolved to all its "
         "addresses every few seconds (a headless Kubernetes Service); may be repeated",
     )
-    p.add_argument(
-        "--host", default=_DEFAULT["host"], help="address to listen on (default %(default)s)"
-    )
-    p.add_argument(
-        "--port",
-        type=positive_int,
-        default=_DEFAULT["port"],
-        help="port to listen on (default %(default)s)",
-    )
-    p.add_argument(
-        "--api-key-file",
-        type=Path,
-        default=None,
-        help="file holding the key clients must send as 'Authorization: Bearer <key>' "
-        "(default: TRITON_EMBED_GATEWAY_API_KEY; neither: no key, every route open)",
-    )
-    p.add_argument(
-        "--admin-key-file",
-        type=Path,
-        default=None,
-        help="file holding the servers' admin key, needed to list their models and read "
-        "their configs (default: TRITON_EMBED_ADMIN_KEY, the file TRITON_EMBED_ADMIN_KEY_FILE, "
-        "the server's default key file)",
-    )
-    p.add_argument(
-        "--max-body-mb",
-        type=positive_float,
-        default=None,
-        help="largest request body, MiB; larger ones are answered 413 (default: 2,048 inputs "
-        "of the tokenizer's default character cap, 16,384 bytes, plus JSON: about 32.1 MiB)",
-    )
-    p.add_argument(
-        "--max-request-tokens",
-        type=positive_int,
-        default=_DEFAULT["max_request_tokens"],
-        help="tokens one embedding request may hold in all; more are answered 400 "
-        "(default %(default)s: 9-26 s of the engine on 2 cores; docs/operations.md)",
-    )
-    p.add_argument(
-        "--header-timeout-s",
-        type=positive_float,
-        default=_DEFAULT["header_timeout_s"],
-        help="seconds a request's headers may take; past it 408 and the connection closes "
-        "(default %(default)s)",
-    )
-    p.add_argument(
-        "--body-timeout-s",
-        type=positive_float,
-        default=_DEFAULT["body_timeout_s"],
-        help="seconds a request's body may take, plus 1 s per 64 KiB received; past it 408 "
-        "and the connection closes (default %(default)s)",
-    )
-    p.add_argument(
-        "--max-in-flight",
-        type=positive_int,
-        default=_DEFAULT["max_in_flight"],
-        help="requests handled at once; more are answered 429 (default %(default)s)",
-    )
-    p.add_argument(
-        "--merge-in-flight",
-        type=non_negative_int,
-        default=_DEFAULT["merge_in_flight"],
-        help="upstream calls per model and request options before further small text "
-        "requests wait and are merged into one call; an idle gateway sends at once (default "
-        "%(default)s: no merging, which measured as fast on 2 cores; perf/README.md)",
-    )
-    p.add_argument(
-        "--default-model",
-        default=_DEFAULT["default_model"],
-        help="the model of the TEI routes /embed, /tokenize, /info (default %(default)s)",
-    )
-    p.add_argument(
-        "--timeout-s",
-        type=positive_float,
-        default=_DEFAULT["timeout_s"],
-        help="deadline of one upstream call, seconds; past it 504 (default %(default)s)",
-    )
-    p.add_argument(
-        "--workers",
-        type=positive_int,
-        default=_DEFAULT["workers"],
-        help="uvicorn worker processes (default %(default)s; each has its own limits and metrics)",
-    )
+    for flag, kind, text in _FLAGS:
+        p.add_argument(flag, type=kind, default=_DEFAULT[flag[2:].replace("-", "_")], help=text)
     p.add_argument(
         "--log-level",
         choices=("critical", "error", "warning", "info", "debug"),

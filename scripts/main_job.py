@@ -27,6 +27,7 @@ import numpy as np
 from triton_embed import EmbeddingClient, cli
 from triton_embed.admin import ADMIN_KEY_ENV
 from triton_embed.bulk.shards import read_vectors
+from triton_embed.cli_args import non_negative_int, positive_int
 from triton_embed.corpus import read_fortunes, read_texts, write_jsonl
 from triton_embed_server.run.launcher import REPO_ROOT, Gateway, TritonServer
 
@@ -93,13 +94,13 @@ def main() -> int:
     )
     parser.add_argument(
         "--max-texts",
-        type=cli.non_negative_int,
+        type=non_negative_int,
         default=6000,
         help="texts taken from the corpus (seeded sample; 0 = all, about 15,000)",
     )
     parser.add_argument("--out-dir", type=Path, default=REPO_ROOT / "out")
-    parser.add_argument("--concurrency", type=cli.positive_int, default=8)
-    parser.add_argument("--batch-size", type=cli.positive_int, default=16)
+    parser.add_argument("--concurrency", type=positive_int, default=8)
+    parser.add_argument("--batch-size", type=positive_int, default=16)
     args = parser.parse_args()
 
     args.out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""The soak's short form: 3 minutes of mixed traffic, CPU hogs, stub and server kills.
+"""The soak's short form: ~2 minutes of traffic, CPU hogs, a stub kill and a server kill.
 
 ``python -m perf.soak`` with short intervals; the run's own checks decide (no request lost,
 no wrong answer, every fault recovered, RSS and /dev/shm back, no stub left).
@@ -20,8 +20,8 @@ def test_soak_short(tmp_path):
     out = tmp_path / "soak"
     cmd = [
         sys.executable, "-m", "perf.soak",
-        "--duration-s", "180", "--clients", "4", "--hogs", "1", "--warmup-s", "15",
-        "--stub-kill-every-s", "50", "--server-kill-at-s", "100",
+        "--duration-s", "110", "--clients", "4", "--hogs", "1", "--warmup-s", "10",
+        "--stub-kill-every-s", "35", "--server-kill-at-s", "60",
         "--out", str(out),
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)

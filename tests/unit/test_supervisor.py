@@ -21,6 +21,7 @@ from triton_embed_server.run.supervisor import (
     is_running,
     leftover_stubs,
     option_value,
+    process_created_at,
     remove_shm_regions,
     server_arguments,
     server_endpoints,
@@ -185,7 +186,7 @@ def test_stubs_are_found_below_their_server_and_by_their_parent_argument(tmp_pat
     script = tmp_path / "repo" / "embedder" / "1" / "model.py"
     script.parent.mkdir(parents=True)
     script.write_text("import time; print('up', flush=True); time.sleep(60)")
-    started_at = time.time()
+    started_at = process_created_at(os.getpid())  # this test stands in for the server
     region = "triton_python_backend_shm_region_test"
     stub = subprocess.Popen(
         [STUB_CMD[0], str(script), region, "1", "1", str(os.getpid()), "/x"],
@@ -199,7 +200,7 @@ def test_stubs_are_found_below_their_server_and_by_their_parent_argument(tmp_pat
         assert (proc.pid, model, shm_region) == (stub.pid, "embedder", region)
         assert is_running(proc)
         assert leftover_stubs(os.getpid(), started_at)[stub.pid][1] == region
-        assert stub.pid not in leftover_stubs(os.getpid(), time.time() + 60)  # started before
+        assert stub.pid not in leftover_stubs(os.getpid(), started_at + 3600)  # started before
         assert stub.pid not in leftover_stubs(os.getpid() + 1_000_000, started_at)
     finally:
         stub.kill()

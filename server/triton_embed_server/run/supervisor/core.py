@@ -30,6 +30,7 @@ from triton_embed_server.run.supervisor.processes import (
     child_stubs,
     is_running,
     leftover_stubs,
+    process_created_at,
     remove_shm_regions,
     stop_processes,
     stub_instance_name,
@@ -90,7 +91,7 @@ class Supervisor:
         self.process: subprocess.Popen | None = None
         # The current server's stubs ever seen: {pid: (psutil.Process, /dev/shm region)}.
         self._seen: dict[int, tuple[object, str | None]] = {}
-        self._started_at = 0.0  # time.time() of the current server's start
+        self._started_at = 0.0  # the current server's creation time (process_created_at)
         self.generation = 0
         self.restarts = 0
         self.ever_ready = False
@@ -235,7 +236,6 @@ class Supervisor:
             ``max_reloads`` reloads in a row failed.
         """
         self._seen = {}
-        self._started_at = time.time()
         self._start_stalled = False
         self.ever_ready_now = False  # the current server's start is over (it was ready)
         self._watch = StartWatch(time.monotonic(), self.stall_s) if self.stall_s > 0 else None
@@ -244,6 +244,7 @@ class Supervisor:
         self.process = subprocess.Popen(
             self.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
+        self._started_at = process_created_at(self.process.pid)
         for pipe, out in ((self.process.stdout, sys.stdout.buffer),
                           (self.process.stderr, sys.stderr.buffer)):  # fmt: skip
             threading.Thread(target=self._copy_output, args=(pipe, out), daemon=True).start()

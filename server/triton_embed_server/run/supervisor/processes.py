@@ -108,6 +108,23 @@ def tritonserver_below(pid: int):
     return None
 
 
+def process_created_at(pid: int) -> float:
+    """The creation time of process ``pid`` on psutil's clock, in seconds since the epoch.
+
+    psutil derives creation times from the kernel's boot time (``btime`` in ``/proc/stat``,
+    whole seconds) plus the process's start in clock ticks; on a host whose wall clock was
+    stepped since boot (a restored VM, an NTP jump) that clock is seconds away from
+    ``time.time()``. Creation times compared with each other must all come from here.
+    Falls back to ``time.time()`` when the process is already gone.
+    """
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return time.time()
+
+
 def leftover_stubs(server_pid: int, started_at: float) -> dict[int, tuple[object, str | None]]:
     """The stub processes whose parent argument is ``server_pid``, started since its start.
 
@@ -117,7 +134,8 @@ def leftover_stubs(server_pid: int, started_at: float) -> dict[int, tuple[object
 
     Args:
         server_pid: the PID of the tritonserver that exited.
-        started_at: ``time.time()`` of that server's start.
+        started_at: that server's :func:`process_created_at` (psutil's clock, not
+            ``time.time()``: the two can differ by seconds).
 
     Returns:
         ``{pid: (psutil.Process, /dev/shm region)}``.

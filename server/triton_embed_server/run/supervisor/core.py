@@ -85,9 +85,8 @@ class Supervisor:
         self.ready_timeout_s = ready_timeout_s
         self.endpoints = server_endpoints(command)
         self.api = ServerApi(command)
-        # Reloads a model whose stub's /dev/shm region grew past the plan (shm_watch); set
-        # by the command line (--shm-reclaim-interval-s), None: off.
-        self.shm_watch = None  # a shm_watch.RegionWatch
+        # A shm_watch.RegionWatch reloads a model whose stub's region outgrew its plan; set
+        self.shm_watch = None  # by the command line (--shm-reclaim-interval-s), None: off
         self.process: subprocess.Popen | None = None
         # The current server's stubs ever seen: {pid: (psutil.Process, /dev/shm region)}.
         self._seen: dict[int, tuple[object, str | None]] = {}

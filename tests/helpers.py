@@ -112,7 +112,8 @@ def running(server, what: str = "tritonserver"):
     """Start ``server`` (a ``TritonServer``), yield it, stop it even when the body fails.
 
     A start that fails fails the test (``pytest.fail`` with the launcher's message, which
-    holds the end of the server's log).
+    holds the end of the server's log). A stub that crashed (Triton's "Segfault encountered"
+    in the log, e.g. at shutdown) fails it too, once the body has passed.
     """
     import pytest
 
@@ -125,6 +126,10 @@ def running(server, what: str = "tritonserver"):
     finally:
         code = server.stop()
         print(f"\n{what} stopped with exit code {code}; log: {server.log_path}")
+    log = server.log_path.read_text(errors="replace")
+    if "Segfault encountered" in log:
+        at = log.index("Segfault encountered")
+        pytest.fail(f"a process of {what} crashed:\n{log[at - 2000 : at + 1500]}")
 
 
 def start_serve_sh(ports: tuple[int, int, int], env: dict[str, str], log_path: Path):

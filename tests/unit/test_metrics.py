@@ -230,8 +230,9 @@ def test_flush_thread_sends_counts_runs_hooks_and_flushes_on_stop(tmp_path):
     by_name = families()
     assert by_name["triton_embed_tokens_total"].metrics[0].value == 10
     step.success(texts=1, tokens=5)
-    step.stop()  # the remainder is sent at stop
-    assert not step._thread.is_alive()
+    thread = step._thread
+    step.stop()  # the remainder is sent at stop; the thread and hooks are let go
+    assert not thread.is_alive() and step._thread is None and step._hooks == []
     assert by_name["triton_embed_tokens_total"].metrics[0].value == 15
     assert by_name["triton_embed_requests_succeeded_total"].metrics[0].value == 2
 
@@ -250,7 +251,7 @@ def test_no_flush_thread_runs_until_the_first_execute_and_then_exactly_one():
     started = [t for t in threading.enumerate() if t.ident not in before]
     assert [t.name for t in started] == ["triton-embed-metrics"]
     step.stop()
-    assert not step._thread.is_alive()
+    assert not started[0].is_alive() and step._thread is None
 
 
 def test_failed_counts_batch_per_flush():

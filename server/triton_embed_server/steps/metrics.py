@@ -310,11 +310,21 @@ class StepMetrics:
                 pass
 
     def stop(self) -> None:
-        """Stop the thread and send what is pending (call before the families are freed)."""
+        """Stop the thread, send what is pending and let go of the thread and the hooks.
+
+        Call it from the model's ``finalize``: the thread (its target is a bound method of
+        this object) and the hooks (bound methods of the :class:`InstanceReporter`) hold
+        reference cycles, so without this the families would be freed by the garbage
+        collector at interpreter exit, after the stub's link to Triton is gone, which
+        crashes the Triton 2.51 stub (``Metric::SaveToSharedMemory`` in
+        ``~MetricFamily``: "Segfault encountered" in the log at every shutdown).
+        """
         self._stop.set()
-        if self._thread.is_alive():
+        if self._thread is not None and self._thread.is_alive():
             self._thread.join(timeout=5)
         self.flush()
+        self._thread = None
+        self._hooks.clear()
 
 
 class InstanceReporter:

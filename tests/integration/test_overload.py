@@ -37,7 +37,7 @@ CLIENTS = 200
 # queue under 200 clients would exceed it.
 REFUSAL_P50_MAX_S = 0.25
 ADMITTED_P99_MAX_S = 5.0
-PATIENT = RetryPolicy(retries=60, initial_wait_s=0.05, max_wait_s=1.0)
+PATIENT = RetryPolicy(retries=150, initial_wait_s=0.05, max_wait_s=2.0)
 # The load the client and the CLI ride through: 200 clients that back off as the library does
 # (a client that backs off cannot win a queue slot against 200 that come back every 0.1 s).
 POLITE = RetryPolicy()
@@ -116,7 +116,8 @@ def test_cli_embed_under_overload_writes_every_text_once_in_order(
     argv = [
         *CLI, "embed", str(corpus), "-o", str(out), "--summary-json", str(summary),
         "--url", small_queue_server.grpc_url, "--batch-size", "2", "--concurrency", "4",
-        "--retries", "60", "--retry-max-wait-s", "1", "--no-progress",
+        "--retries", str(PATIENT.retries), "--retry-max-wait-s", str(PATIENT.max_wait_s),
+        "--no-progress",
     ]  # fmt: skip
     load = BackgroundLoad(small_queue_server.grpc_url, texts[:1], CLIENTS, pause_s=POLITE)
     with load:

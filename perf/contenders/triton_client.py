@@ -12,7 +12,12 @@ from triton_embed_server.run.launcher import TritonServer
 
 
 def client_library(
-    server: TritonServer, texts: list[str], batch: int, conc: int, seconds: float
+    server: TritonServer,
+    texts: list[str],
+    batch: int,
+    conc: int,
+    seconds: float,
+    model: str = "embed",
 ) -> dict:
     """Load the ensemble with our client library, every vector decoded.
 
@@ -22,6 +27,7 @@ def client_library(
         batch: texts per request.
         conc: requests in flight.
         seconds: measurement time.
+        model: the ensemble to load.
 
     Returns:
         A contender result; ``tokens_per_text`` is the server's own count per text sent.
@@ -34,11 +40,11 @@ def client_library(
     with EmbeddingClient(
         server.grpc_url, batch_size=batch, max_concurrency=conc, admin_key=server.admin_key
     ) as client:
-        client.embed(payload[:batch])
+        client.embed(payload[:batch], model=model)
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < seconds:
             try:
-                result = client.embed_with_details(payload)
+                result = client.embed_with_details(payload, model=model)
             except Exception:  # noqa: BLE001 - counted, not fatal
                 errors += 1
                 continue

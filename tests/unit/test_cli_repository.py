@@ -98,11 +98,11 @@ def test_a_second_model_lists_beside_the_first(tmp_path, capsys, mini):
     code, out, err = run(capsys, "repository", "list", "--repository", str(repository))
     assert (code, err) == (0, "")
     assert [line.split() for line in out.splitlines()] == [
-        ["NAME", "DEVICE", "INSTANCES", "DIM", "POOLING", "NORMALIZE", "DIMENSIONS",
+        ["NAME", "DEVICE", "DTYPE", "INSTANCES", "DIM", "POOLING", "NORMALIZE", "DIMENSIONS",
          "MAX_LENGTH", "PROMPTS", "STEPS", "MODEL_PATH"],
-        ["embed", "cpu", "2", "384", "mean", "true", "384", "256", "-", "tokenizer,embedder",
-         DEFAULT_MODEL],
-        ["mini", "gpu", "4", "384", "mean", "true", "64,128,384", "256", "-",
+        ["embed", "cpu", "float32", "2", "384", "mean", "true", "384", "256", "-",
+         "tokenizer,embedder", DEFAULT_MODEL],
+        ["mini", "gpu", "float16", "4", "384", "mean", "true", "64,128,384", "256", "-",
          "mini_tokenizer,mini_embedder", str(mini.resolve())],
     ]  # fmt: skip
 
@@ -116,6 +116,7 @@ def test_a_second_model_lists_beside_the_first(tmp_path, capsys, mini):
         "model_path": str(mini.resolve()),
         "device": "gpu",
         "instances": 4,
+        "dtype": "float16",
         "max_length": 256,
         "spec": {
             "model_path": str(mini.resolve()),

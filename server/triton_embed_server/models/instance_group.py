@@ -31,6 +31,11 @@ class InstanceCount:
     total: int
 
 
+def instance_kind(model_config: Mapping[str, Any]) -> str:
+    """The first ``instance_group``'s kind: ``KIND_CPU``, ``KIND_GPU`` or ``KIND_AUTO``."""
+    return str((model_config.get("instance_group") or [{}])[0].get("kind", "KIND_AUTO"))
+
+
 def instance_count(model_config: Mapping[str, Any], gpus: int | None = None) -> InstanceCount:
     """The instance counts of a model config (JSON form).
 

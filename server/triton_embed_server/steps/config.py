@@ -19,7 +19,8 @@ from typing import Any
 from triton_embed.options import DEFAULT_ALLOW_EMPTY, DEFAULT_TRUNCATION, Truncation
 from triton_embed.serving_limits import REQUEST_TEXTS, request_token_budget
 
-from triton_embed_server.models.instance_group import instance_count
+from triton_embed_server.host.cpu_features import cpu_flags, engine_dtype
+from triton_embed_server.models.instance_group import instance_count, instance_kind
 from triton_embed_server.models.model_files import resolve_model_path
 from triton_embed_server.models.model_spec import (
     embedding_dimension,
@@ -296,7 +297,11 @@ class EmbedderConfig(_StepConfig):
         model_path: local model folder.
         max_length: token budget per sequence (vLLM ``max_model_len``); token-ID inputs
             longer than this are rejected.
-        dtype: vLLM ``dtype`` (``float32`` on CPU, ``auto``/``float16``/``bfloat16`` on GPU).
+        dtype: vLLM ``dtype`` the engine runs: ``float32`` or ``bfloat16`` on CPU,
+            ``auto``/``float16``/``bfloat16`` on GPU. On ``KIND_CPU`` a ``bfloat16`` parameter
+            becomes ``float32`` where the CPUs lack bfloat16 instructions
+            (:func:`~triton_embed_server.host.cpu_features.engine_dtype`).
+        dtype_note: why :attr:`dtype` is not the parameter's value (logged at start), or ``""``.
         gpu_memory_utilization: fraction of the device memory (of *host RAM* on vLLM's CPU
             backend) that all instances of this model on one device share; each instance
             reserves ``gpu_memory_utilization / instances_per_device``.
@@ -336,6 +341,7 @@ class EmbedderConfig(_StepConfig):
     max_length: int
     spec_parameters: SpecParameters = SpecParameters()
     dtype: str = "float32"
+    dtype_note: str = ""
     gpu_memory_utilization: float = 0.2
     instances_per_device: int = 1
     max_num_seqs: int = 256
@@ -415,6 +421,9 @@ class EmbedderConfig(_StepConfig):
                 f"{max_length} (one full-length text must fit in an engine step)"
             )
         dtype = p.choice("dtype", d["dtype"], ("auto", "float32", "float16", "bfloat16"))
+        note = None
+        if instance_kind(model_config) == "KIND_CPU":
+            dtype, note = engine_dtype(dtype, cpu_flags())
         max_num_seqs = p.int("max_num_seqs", d["max_num_seqs"], minimum=1)
         budget = request_token_budget(REQUEST_TEXTS, max_length, max_chunks)
         return cls(
@@ -422,6 +431,7 @@ class EmbedderConfig(_StepConfig):
             max_length=max_length,
             spec_parameters=given,
             dtype=dtype,
+            dtype_note=note or "",
             gpu_memory_utilization=p.float(
                 "gpu_memory_utilization", d["gpu_memory_utilization"], 0.0, 1.0
             ),

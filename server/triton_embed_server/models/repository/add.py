@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from triton_embed_server.models.model_files import PACKAGE_SCHEME, resolve_model_path
@@ -27,17 +28,26 @@ from triton_embed_server.models.repository.names import (
     step_names,
 )
 from triton_embed_server.models.repository.remove import removable
-from triton_embed_server.models.repository.render import DEVICES, ModelOptions, render
+from triton_embed_server.models.repository.render import DEVICES, DTYPES, ModelOptions, render
 from triton_embed_server.models.spec import (
     ModelFolderError,
+    ModelSpec,
     Pooling,
     SpecParameters,
     parse_dimension_list,
 )
 from triton_embed_server.steps.config import MIN_MAX_LENGTH, EmbedderConfig
 
+#: ``check(folder, spec, dtype, max_length)``: raises ``ValueError`` to refuse a precision.
+AccuracyCheck = Callable[[Path, ModelSpec, str, int], None]
 
-def add_model(repository: Path, options: ModelOptions, replace: bool = False) -> list[Path]:
+
+def add_model(
+    repository: Path,
+    options: ModelOptions,
+    replace: bool = False,
+    accuracy: AccuracyCheck | None = None,
+) -> list[Path]:
     """Write the three models of ``options`` into ``repository`` (created if missing).
 
     Args:
@@ -45,6 +55,9 @@ def add_model(repository: Path, options: ModelOptions, replace: bool = False) ->
         options: what to write.
         replace: overwrite an ensemble of this name written by ``repository add`` (and its
             steps); without it, an existing name is an error.
+        accuracy: run before anything is written when ``options.dtype`` is a reduced
+            precision on ``cpu`` (the CLI passes
+            :func:`~triton_embed_server.models.accuracy.gate_for_add`); ``None``: not checked.
 
     Returns:
         The model folders written: the ensemble, its tokenizer step, its embedder step.
@@ -60,6 +73,12 @@ def add_model(repository: Path, options: ModelOptions, replace: bool = False) ->
         check_served_model_name(options.served_model_name)
     if options.device not in DEVICES:
         raise RepositoryError(f"--device {options.device!r} is not one of {', '.join(DEVICES)}")
+    if options.dtype and options.dtype not in DTYPES[options.device]:
+        why = " (CPUs multiply bfloat16, not float16, in hardware)" * (options.device == "cpu")
+        raise RepositoryError(
+            f"--dtype {options.dtype} is not one of {', '.join(DTYPES[options.device])} on "
+            f"--device {options.device}{why}"
+        )
     for flag, value, low in (
         ("--instances", options.instances, 1),
         ("--max-length", options.max_length, 0),
@@ -87,12 +106,18 @@ def add_model(repository: Path, options: ModelOptions, replace: bool = False) ->
             f"{spec.max_length} tokens ({folder}); pass at most {spec.max_length}, or 0 for "
             "the model's own"
         )
+    max_length = options.max_length or spec.max_length
+    if accuracy is not None and options.device == "cpu" and options.dtype not in ("", "float32"):
+        try:
+            accuracy(folder, spec, options.dtype, max_length)
+        except (ValueError, RuntimeError) as exc:
+            raise RepositoryError(str(exc)) from None
     files = render(
         options,
         model_path,
         spec,
         served_model_name=options.served_model_name or _served_name(folder),
-        resolved_max_length=options.max_length or spec.max_length,
+        resolved_max_length=max_length,
         kv_cache_bytes=_kv_cache_bytes,
     )
     tokenizer, embedder = step_names(name)

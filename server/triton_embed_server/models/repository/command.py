@@ -18,12 +18,14 @@ from triton_embed.cli_args import non_negative_int, positive_float, positive_int
 from triton_embed.client import DEFAULT_URL
 from triton_embed.model_control import ModelControl
 
+from triton_embed_server.models.accuracy import gate_for_add
 from triton_embed_server.models.repository.add import add_model, memory_warnings
 from triton_embed_server.models.repository.listing import format_table, list_models
 from triton_embed_server.models.repository.remove import removable, remove_model
 from triton_embed_server.models.repository.render import (
     DEFAULT_INSTANCES,
     DEFAULT_MAX_CHUNKS,
+    DTYPES,
     ModelOptions,
 )
 
@@ -35,6 +37,7 @@ actions and their flags:
   add     --repository DIR --model PATH --name NAME [--instances N] [--device cpu|gpu]
           [--max-length N] [--pooling mean|cls|lasttoken] [--normalize | --no-normalize]
           [--dimensions any|LIST] [--max-chunks N] [--served-model-name NAME] [--replace]
+          [--dtype float32|bfloat16|float16] [--accept-accuracy]
           write the ensemble NAME and its steps NAME_tokenizer and NAME_embedder (the
           ensemble embed keeps the steps tokenizer and embedder) from the model folder PATH
   list    --repository DIR [--json]
@@ -54,7 +57,7 @@ REPOSITORY_FLAGS = {
     "add": (
         {"repository", "model", "name"},
         {"instances", "device", "max_length", "pooling", "normalize", "dimensions"}
-        | {"max_chunks", "served_model_name", "replace"},
+        | {"max_chunks", "served_model_name", "replace", "dtype", "accept_accuracy"},
     ),
     "list": ({"repository"}, {"json"}),
     "remove": ({"repository", "name"}, _CONNECTION),
@@ -141,6 +144,19 @@ def add_repository_args(r: argparse.ArgumentParser) -> None:
         help="add: another name clients may use for the model, e.g. its Hugging Face id "
         "(default: the folder's name; sentence-transformers/all-MiniLM-L6-v2 for the shipped "
         "model)",
+    )
+    r.add_argument(
+        "--dtype",
+        choices=sorted({d for ds in DTYPES.values() for d in ds}),
+        help="add: the engine's precision (cpu: float32 or bfloat16; gpu: float16, bfloat16 "
+        "or float32; default: float32 on cpu, float16 on gpu). A reduced precision on cpu is "
+        "checked against float32 on real text first (the accuracy gate; docs/precision.md)",
+    )
+    r.add_argument(
+        "--accept-accuracy",
+        action="store_true",
+        default=None,
+        help="add: write a --dtype that fails the accuracy gate anyway (the figures are printed)",
     )
     r.add_argument(
         "--replace",
@@ -237,6 +253,7 @@ def run_repository(args: argparse.Namespace) -> None:
             "dimensions": args.dimensions,
             "max_chunks": args.max_chunks,
             "served_model_name": args.served_model_name,
+            "dtype": args.dtype,
         }
         options = ModelOptions(
             name=args.name,
@@ -244,7 +261,8 @@ def run_repository(args: argparse.Namespace) -> None:
             **{key: value for key, value in given.items() if value is not None},
         )
         verb = "replaced" if (args.repository / args.name).exists() else "added"
-        written = add_model(args.repository, options, replace=bool(args.replace))
+        gate = gate_for_add(bool(args.accept_accuracy), print)
+        written = add_model(args.repository, options, replace=bool(args.replace), accuracy=gate)
         print(
             f"{verb} {args.name!r} in {args.repository}: {_names(written)}; a running server "
             f"loads it with: triton-embed repository load {args.name} --url HOST:PORT"

@@ -6,13 +6,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from triton_embed_server.models.instance_group import instance_count, read_config_pbtxt
+from triton_embed_server.models.instance_group import (
+    instance_count,
+    instance_kind,
+    read_config_pbtxt,
+)
 from triton_embed_server.models.model_files import resolve_model_path
 from triton_embed_server.models.model_spec import read_model_spec
 from triton_embed_server.models.repository.layout import ensembles, our_steps
 from triton_embed_server.models.repository.names import RepositoryError, step_names
 from triton_embed_server.models.spec import SpecParameters
-from triton_embed_server.steps.config import model_parameters
+from triton_embed_server.steps.config import EmbedderConfig, model_parameters
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,8 @@ class ListedModel:
         model_path: the ``model_path`` parameter as written (``None`` when unreadable).
         device: ``cpu`` or ``gpu``: the kind of the embedder's ``instance_group``.
         instances: embedder instances (per GPU on ``gpu``).
+        dtype: the embedder's ``dtype`` parameter as written (the server may run float32
+            for ``bfloat16`` on CPUs without bfloat16 instructions; it logs why).
         max_length: the token budget per text in effect (the model's own when configured 0).
         spec: :meth:`~triton_embed_server.models.spec.ModelSpec.describe` of the folder, plus
             ``allowed_dimensions`` (in words).
@@ -36,6 +42,7 @@ class ListedModel:
     model_path: str | None = None
     device: str | None = None
     instances: int | None = None
+    dtype: str | None = None
     max_length: int | None = None
     spec: dict[str, Any] | None = None
     error: str | None = None
@@ -80,12 +87,12 @@ def _describe(repository: Path, name: str, tokenizer: str, embedder: str) -> Lis
     except (OSError, ValueError) as exc:
         return _with(listed, error=str(exc))
     tok_params, params = model_parameters(tok), model_parameters(emb)
-    kind = str((emb.get("instance_group") or [{}])[0].get("kind", "KIND_AUTO"))
     listed = _with(
         listed,
         model_path=params.get("model_path", ""),
-        device=kind.removeprefix("KIND_").lower(),
+        device=instance_kind(emb).removeprefix("KIND_").lower(),
         instances=instance_count(emb).per_device,
+        dtype=params.get("dtype") or EmbedderConfig.dtype,
     )
     for key in ("model_path", "max_length"):
         if tok_params.get(key, "") != params.get(key, ""):
@@ -111,7 +118,7 @@ def _with(listed: ListedModel, **changes: Any) -> ListedModel:
 
 def format_table(models: list[ListedModel]) -> str:
     """``repository list`` as a text table, one model per line (an error replaces columns)."""
-    header = ("NAME", "DEVICE", "INSTANCES", "DIM", "POOLING", "NORMALIZE", "DIMENSIONS")
+    header = ("NAME", "DEVICE", "DTYPE", "INSTANCES", "DIM", "POOLING", "NORMALIZE", "DIMENSIONS")
     header += ("MAX_LENGTH", "PROMPTS", "STEPS", "MODEL_PATH")
     rows = []
     for m in models:
@@ -126,6 +133,7 @@ def format_table(models: list[ListedModel]) -> str:
             (
                 m.name,
                 str(m.device),
+                str(m.dtype),
                 str(m.instances),
                 str(s["dimension"]),
                 s["pooling"],

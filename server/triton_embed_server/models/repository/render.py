@@ -23,6 +23,9 @@ from triton_embed_server.models.spec import ModelSpec
 from triton_embed_server.steps.config import DEFAULT_MAX_CHUNKS, EmbedderConfig
 
 DEVICES = ("cpu", "gpu")
+#: The engine dtypes ``repository add --dtype`` writes, per device. float16 is for GPUs:
+#: CPUs multiply bfloat16 in hardware (AVX512_BF16, AMX) but not float16.
+DTYPES = {"cpu": ("float32", "bfloat16"), "gpu": ("float16", "bfloat16", "float32")}
 #: Embedder instances per device when none is asked for: the shipped configs' counts.
 DEFAULT_INSTANCES = {"cpu": 2, "gpu": 4}
 #: Links to the shipped ``model_repository`` files, package data of this package.
@@ -65,6 +68,9 @@ class ModelOptions:
         max_chunks: the most windows one text is cut into with ``truncation=CHUNK``.
         served_model_name: the other name clients may use for the ensemble (OpenAI's
             ``model``, e.g. the Hugging Face id); ``""``: the model folder's name.
+        dtype: the engine's dtype (:data:`DTYPES` of ``device``) in the device's config;
+            ``""``: the shipped config's (float32 on CPU, float16 on GPU). The GPU variant
+            next to a CPU config keeps float16.
     """
 
     name: str
@@ -77,6 +83,7 @@ class ModelOptions:
     dimensions: str = ""
     max_chunks: int = DEFAULT_MAX_CHUNKS
     served_model_name: str = ""
+    dtype: str = ""
 
 
 def _shipped(file: str) -> str:
@@ -158,9 +165,11 @@ def render(
     gpu = _shipped("embedder_gpu.pbtxt")
     if options.device == "gpu":
         text = _GPU_ONLY_HEADER.format(name=name) + gpu.removeprefix(_GPU_VARIANT_HEADER)
-        files[f"{embedder}/config.pbtxt"] = embedder_config(text, instances)
+        dtype = {"dtype": options.dtype} if options.dtype else {}
+        files[f"{embedder}/config.pbtxt"] = embedder_config(text, instances, **dtype)
     else:
         text = _retitle(_shipped("embedder_cpu.pbtxt"), name)
+        cpu["dtype"] = options.dtype or cpu["dtype"]
         files[f"{embedder}/config.pbtxt"] = embedder_config(text, instances, **cpu)
         files[f"{embedder}/configs/gpu.pbtxt"] = embedder_config(gpu, DEFAULT_INSTANCES["gpu"])
     return {path: text.encode("utf-8") for path, text in sorted(files.items())}

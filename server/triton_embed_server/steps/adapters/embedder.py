@@ -42,6 +42,8 @@ class TritonPythonModel:
         """Parse the config, place this replica (NUMA node, CPUs, GPU), start its engine."""
         self.config = EmbedderConfig.from_args(args)
         name = args["model_instance_name"]
+        if self.config.dtype_note:  # bfloat16 asked for on CPUs without its instructions
+            pb_utils.Logger.log_warn(f"embedder {name}: {self.config.dtype_note}")
         # Where this replica runs (numa_placement): decided once, applied before vLLM/torch
         # start their threads, which inherit the CPU and memory binding.
         placement = decide_placement(
@@ -63,7 +65,8 @@ class TritonPythonModel:
             window_s=self.config.cost_window_s,
         )
         pb_utils.Logger.log_info(
-            f"embedder {name}: {self.config.model_path.name}, dim={self.engine.dim}, "
+            f"embedder {name}: {self.config.model_path.name}, dtype={self.config.dtype}, "
+            f"dim={self.engine.dim}, "
             f"pooling={self.spec.pooling.value}, normalize={self.spec.normalize}, "
             f"max_length={self.config.max_length}, max_chunks={self.config.max_chunks}, "
             f"max_request_tokens={self.config.max_request_tokens}, {placement.describe()}, "

@@ -1,0 +1,249 @@
+"""The accuracy gate of a reduced precision: its vectors against float32's, on real text.
+
+A model served at ``bfloat16`` (or another reduced precision) must return nearly the vectors
+float32 returns, and rank the same neighbours. :func:`measure` embeds a fixed corpus of real
+texts (the Debian fortunes, :func:`~triton_embed.corpus.read_fortunes`, every 7th up to
+:data:`GATE_TEXTS`) with the model's own vLLM engine twice, at float32 and at the precision,
+on the same token IDs, and :func:`compare` reports:
+
+* per-text cosine of the two vectors: min, p1 (1st percentile) and mean;
+* recall@10: of each text's 10 nearest neighbours by float32 cosine (itself left out), the
+  share the precision's vectors also rank in their 10 nearest.
+
+:data:`GATES` holds the least each precision must reach, and why. ``repository add --dtype``
+runs the gate before it writes a reduced-precision model (:func:`gate_for_add`).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from triton_embed_server.models.spec import ModelSpec, SpecParameters
+
+#: Texts of the gate's corpus: enough for a stable 1st percentile (3 texts below it) and a
+#: neighbour set where 10 nearest are a 3% slice, small enough for about a minute on 2 cores.
+GATE_TEXTS = 300
+#: Neighbours compared per text (recall@K).
+RECALL_K = 10
+
+
+@dataclass(frozen=True)
+class Gate:
+    """The least a precision's vectors must reach against float32's on the gate's corpus.
+
+    Attributes:
+        cosine_p1: 1st percentile of the per-text cosine.
+        recall_at_10: mean share of the float32 10 nearest neighbours kept.
+        why: where the numbers come from.
+    """
+
+    cosine_p1: float
+    recall_at_10: float
+    why: str
+
+
+#: bfloat16 keeps float32's exponent with an 8-bit mantissa (relative error per value about
+#: 2**-9 = 0.002); over a 384-value dot product the errors average out, and vLLM's CPU engine
+#: measured cosine min 0.99989 / mean 0.99996 and 99% of the 10 nearest kept on
+#: all-MiniLM-L6-v2 (shared PLATFORM.md). 0.999 leaves 10x that loss as the margin before a
+#: model is refused; 0.95 recall is what a user of an approximate (HNSW) index already
+#: accepts from the index alone. float16 has a 10-bit mantissa (4x finer), so the same bar.
+#: int8 W8A8 (per-channel weights, per-token activations) loses about 10x more per value.
+GATES = {
+    "bfloat16": Gate(0.999, 0.95, "8-bit mantissa; engine measured p1 > 0.9999, 99% recall"),
+    "float16": Gate(0.999, 0.95, "10-bit mantissa, finer than bfloat16: the same bar"),
+    "int8": Gate(0.99, 0.95, "W8A8 rounds each value to 1/127 of its row's range"),
+}
+
+
+@dataclass(frozen=True)
+class AccuracyReport:
+    """How close one precision's vectors came to float32's.
+
+    Attributes:
+        precision: the dtype (or quantization) measured.
+        texts: texts compared.
+        cosine_min, cosine_p1, cosine_mean: per-text cosine to float32 (1 = identical).
+        recall_at_10: mean share of each text's float32 10 nearest neighbours kept (0..1).
+        gate: the bar (:data:`GATES`), ``None`` when the precision has none.
+    """
+
+    precision: str
+    texts: int
+    cosine_min: float
+    cosine_p1: float
+    cosine_mean: float
+    recall_at_10: float
+    gate: Gate | None
+
+    @property
+    def passed(self) -> bool:
+        """Whether both figures reach the gate (``True`` when there is no gate)."""
+        if self.gate is None:
+            return True
+        return self.cosine_p1 >= self.gate.cosine_p1 and self.recall_at_10 >= self.gate.recall_at_10
+
+    def describe(self) -> str:
+        """One line: the figures, the bar and the verdict."""
+        line = (
+            f"accuracy of {self.precision} against float32 on {self.texts} real texts: cosine "
+            f"min {self.cosine_min:.5f}, p1 {self.cosine_p1:.5f}, mean {self.cosine_mean:.5f}; "
+            f"recall@{RECALL_K} {self.recall_at_10:.3f}"
+        )
+        if self.gate is None:
+            return line + " (no gate for this precision)"
+        verdict = "passed" if self.passed else "FAILED"
+        return (
+            f"{line}; gate: cosine p1 >= {self.gate.cosine_p1}, recall@{RECALL_K} >= "
+            f"{self.gate.recall_at_10}: {verdict}"
+        )
+
+
+def compare(reference: np.ndarray, candidate: np.ndarray, precision: str) -> AccuracyReport:
+    """The gate's figures for ``candidate`` vectors against the ``reference`` (float32) ones.
+
+    Args:
+        reference: ``[n, dim]`` float32 vectors, ``n > RECALL_K``.
+        candidate: ``[n, dim]`` vectors of the same texts at ``precision``.
+        precision: its name, for :data:`GATES` and the report.
+
+    Raises:
+        ValueError: shapes differ or too few texts for recall@10.
+    """
+    if reference.shape != candidate.shape or reference.ndim != 2:
+        raise ValueError(f"shapes differ: {reference.shape} against {candidate.shape}")
+    n = reference.shape[0]
+    if n <= RECALL_K:
+        raise ValueError(f"{n} texts: recall@{RECALL_K} needs more than {RECALL_K}")
+    ref = _unit(reference)
+    got = _unit(candidate)
+    cosine = np.einsum("ij,ij->i", ref, got)
+    recall = np.mean(
+        [len(a & b) / RECALL_K for a, b in zip(_nearest(ref), _nearest(got), strict=True)]
+    )
+    return AccuracyReport(
+        precision=precision,
+        texts=n,
+        cosine_min=float(cosine.min()),
+        cosine_p1=float(np.percentile(cosine, 1)),
+        cosine_mean=float(cosine.mean()),
+        recall_at_10=float(recall),
+        gate=GATES.get(precision),
+    )
+
+
+def _unit(vectors: np.ndarray) -> np.ndarray:
+    v = vectors.astype(np.float64)
+    return v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
+
+
+def _nearest(unit: np.ndarray) -> list[set[int]]:
+    """Each row's :data:`RECALL_K` nearest other rows by cosine."""
+    sims = unit @ unit.T
+    np.fill_diagonal(sims, -np.inf)
+    top = np.argpartition(-sims, RECALL_K, axis=1)[:, :RECALL_K]
+    return [set(row.tolist()) for row in top]
+
+
+def gate_texts(count: int = GATE_TEXTS) -> list[str]:
+    """The gate's corpus: every 7th Debian fortune, as written, the first ``count``."""
+    from triton_embed.corpus import read_fortunes
+
+    return [text for _, text in read_fortunes()][::7][:count]
+
+
+def measure(
+    folder: Path,
+    spec: ModelSpec,
+    precision: str,
+    max_length: int,
+    texts: list[str] | None = None,
+) -> AccuracyReport:
+    """Embed the gate's texts at float32 and at ``precision`` with vLLM; :func:`compare` them.
+
+    The two engines run one after the other in this process (the pooling and
+    normalization of ``spec``; texts tokenized as documents, cut at ``max_length``).
+
+    Args:
+        folder: the model folder.
+        spec: the model's spec with the operator's overrides.
+        precision: the engine ``dtype`` to check (``bfloat16``, ``float16``).
+        max_length: token budget per text.
+        texts: the corpus; ``None``: :func:`gate_texts`.
+
+    Raises:
+        RuntimeError: an engine failed to start or embed (vLLM's message).
+    """
+    from transformers import AutoTokenizer
+
+    from triton_embed_server.steps.config import EmbedderConfig
+
+    texts = gate_texts() if texts is None else texts
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    ids = tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
+    base = EmbedderConfig(
+        model_path=Path(folder),
+        max_length=max_length,
+        spec_parameters=SpecParameters.parse(spec.parameters(), "parameter "),
+        max_num_batched_tokens=max(16384, max_length),
+    )
+    # Pooled, not normalized: cosine and the neighbours by cosine do not depend on the norm.
+    vectors = {dtype: _embed(replace(base, dtype=dtype), ids) for dtype in ("float32", precision)}
+    return compare(vectors["float32"], vectors[precision], precision)
+
+
+#: vLLM's switch for an engine in this process: without it each engine runs in a child
+#: process that lives (and polls) as long as this one, slowing what runs after the gate.
+IN_PROCESS_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
+
+def _embed(config, ids: list[list[int]]) -> np.ndarray:
+    from triton_embed_server.steps.vllm_engine import PoolingEngine
+
+    before = os.environ.get(IN_PROCESS_ENV)
+    os.environ[IN_PROCESS_ENV] = "0"
+    try:
+        engine = PoolingEngine(config)
+        out = engine.embed(ids)
+    except Exception as exc:
+        raise RuntimeError(f"the {config.dtype} engine failed: {exc}") from exc
+    finally:
+        if before is None:
+            os.environ.pop(IN_PROCESS_ENV, None)
+        else:
+            os.environ[IN_PROCESS_ENV] = before
+    del engine
+    gc.collect()
+    return out
+
+
+def gate_for_add(
+    accept: bool, say: Callable[[str], None]
+) -> Callable[[Path, ModelSpec, str, int], None]:
+    """The check ``repository add`` runs before writing a reduced-precision model.
+
+    Args:
+        accept: write the model even when the gate fails (``--accept-accuracy``).
+        say: where the report line goes (the CLI prints it).
+
+    Returns:
+        ``check(folder, spec, dtype, max_length)``, raising ``ValueError`` (the report and
+        what to do) when the gate fails and ``accept`` is false.
+    """
+
+    def check(folder: Path, spec: ModelSpec, dtype: str, max_length: int) -> None:
+        report = measure(folder, spec, dtype, max_length)
+        say(report.describe())
+        if not report.passed and not accept:
+            raise ValueError(
+                f"--dtype {dtype} fails the accuracy gate ({report.describe()}); keep float32, "
+                "or pass --accept-accuracy to write it anyway"
+            )
+
+    return check

@@ -17,6 +17,7 @@ Texts are real (Debian fortunes) cut to an exact token count with the model's to
 (special tokens included), so tokens/s are real counts, never word estimates.
 
     .venv/bin/python -m perf.bench --mode quick          # minutes: every contender runs once
+    .venv/bin/python -m perf.bench --mode smoke          # quick's points for 2 s (the test's)
     .venv/bin/python -m perf.bench --mode full           # the sweep behind perf/README.md
     .venv/bin/python -m perf.bench --mode gateway        # gateway vs vLLM vs gRPC in turn, 3x
     .venv/bin/python -m perf.bench --mode alternatives   # vs sentence-transformers, Infinity, vLLM
@@ -67,6 +68,9 @@ ALTERNATION = ("gateway_base64", "vllm_float", "vllm_base64", "triton_client", "
 # 512 texts in flight already saturate two cores.
 MODES = {
     "quick": {"lengths": [50], "grid": [(1, 8)], "duration_s": 6},
+    # quick's contenders and point for 2 s each: that every one starts, runs and stops
+    # cleanly (tests/integration/test_bench_smoke.py); too short for figures
+    "smoke": {"lengths": [50], "grid": [(1, 8)], "duration_s": 2},
     "full": {
         "lengths": [50, 256, 0],
         "grid": [

@@ -1,4 +1,4 @@
-"""python -m perf.bench --mode quick: every contender starts, runs and stops with zero errors.
+"""python -m perf.bench --mode smoke: every contender starts, runs and stops with no error.
 
 Every contender includes the gateway (``gateway_float``, ``gateway_base64``) in front of the
 server that ``triton_pa`` and ``triton_client`` load, driven by vLLM's load generator.
@@ -18,14 +18,14 @@ from perf.contenders import CONTENDERS
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def test_quick_benchmark_runs_every_contender_without_errors(tmp_path):
+def test_smoke_benchmark_runs_every_contender_without_errors(tmp_path):
     proc = subprocess.run(
         [
             sys.executable,
             "-m",
             "perf.bench",
             "--mode",
-            "quick",
+            "smoke",
             "--out",
             str(tmp_path),
         ],

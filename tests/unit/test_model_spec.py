@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 from triton_embed_server.models.model_spec import read_model_spec, read_prompt_spec
-from triton_embed_server.models.spec import Dimensions, ModelFolderError, Pooling, PromptSpec
+from triton_embed_server.models.spec import ModelFolderError, PromptSpec
+from triton_embed_server.steps.vectors import Dimensions, Pooling
 
 from tests.helpers import MODEL_PATH
 
@@ -96,19 +97,19 @@ def test_matryoshka_dimensions_from_config_json_and_overrides(folder):
     write(folder / "config.json", {**config, "matryoshka_dimensions": [256, 64, 128]})
     spec = read_model_spec(folder)
     assert spec.dimensions.matryoshka == (64, 128, 256)
-    spec.check_dimensions(64)
-    spec.check_dimensions(384)
+    assert spec.dimensions.check(64) == 64
+    assert spec.dimensions.check(384) == 384
     with pytest.raises(ValueError) as info:
-        spec.check_dimensions(100)
+        spec.dimensions.check(100)
     assert str(info.value) == (
         "request parameter dimensions=100 is not a dimension of this model; "
         "allowed: 64, 128, 256, 384"
     )
     assert read_model_spec(folder, dimensions="32,16").dimensions.matryoshka == (16, 32)
     anything = read_model_spec(folder, dimensions="any")
-    anything.check_dimensions(1)
+    anything.dimensions.check(1)
     with pytest.raises(ValueError, match="allowed: any value from 1 to 384"):
-        anything.check_dimensions(385)
+        anything.dimensions.check(385)
     write(folder / "config.json", {**config, "is_matryoshka": True})
     assert read_model_spec(folder).dimensions.any_length is True
 

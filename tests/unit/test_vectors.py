@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from triton_embed_server.models.spec import Pooling
 from triton_embed_server.steps.vectors import (
+    Pooling,
     cut_dimensions,
     l2_normalize,
     pool_tokens,

@@ -194,36 +194,20 @@ def _dimensions(value: Any, field: str) -> int:
     return value
 
 
-def check_request(inputs: Inputs, options: RequestOptions, model: ModelInfo, field: str) -> None:
-    """Refuse what ``model`` would refuse: an empty text, a ``dimensions`` above its size.
-
-    Args:
-        inputs: the request's inputs, read from ``field``.
-        options: its request options (:func:`request_options`).
-        model: the ensemble it asks for.
-        field: the API's field of the inputs (``input``, ``inputs``), for messages.
-
-    Raises:
-        BadRequest: :func:`check_not_empty` or :func:`check_dimensions` refuses it.
-    """
-    check_not_empty(inputs, model, field)
-    check_dimensions(options, model, DIMENSIONS)
-
-
-def check_dimensions(options: RequestOptions, model: ModelInfo, field: str) -> None:
-    """Refuse an ``options.dimensions`` above ``model``'s vector size (when the config states it).
+def _model_dimensions(wanted: int, model: ModelInfo, field: str) -> int:
+    """``wanted`` unless it is above ``model``'s vector size (when the config states it).
 
     Raises:
         BadRequest: it is (names ``field``, the value and the model's dimension).
     """
-    wanted = options.dimensions
-    if wanted is not None and model.dimension is not None and wanted > model.dimension:
+    if model.dimension is not None and wanted > model.dimension:
         raise BadRequest(
             f"'{field}' is {wanted}; the vectors of model {model.name!r} have "
             f"{model.dimension} dimensions: send a number from 1 to {model.dimension} (one "
             "of the model's dimensions), or leave it out",
             param=field,
         )
+    return wanted
 
 
 def request_options(
@@ -234,6 +218,7 @@ def request_options(
     input_type_field: str = INPUT_TYPE,
     dimensions: Any = None,
     dimensions_field: str = DIMENSIONS,
+    model: ModelInfo | None = None,
 ) -> RequestOptions:
     """A request's options, read and checked (``None``: not set, the server's default applies).
 
@@ -243,9 +228,11 @@ def request_options(
         truncation_field: the field it came in, for messages.
         input_type: a prompt name of the model (``query``, ``document``, ...).
         input_type_field: the field it came in, for messages.
-        dimensions: a whole number from 1 to :data:`MAX_DIMENSIONS` (the server checks it
-            is one of the model's; :func:`check_dimensions` that it is not above its size).
+        dimensions: a whole number from 1 to :data:`MAX_DIMENSIONS`, and not above
+            ``model``'s vector size where ``model`` is given (the embedder step checks it is
+            one of the model's Matryoshka dimensions).
         dimensions_field: the field it came in, for messages.
+        model: the ensemble the request asks for (``None``: not checked against a model).
 
     Returns:
         The frozen (hashable) options, their values typed: ``truncation`` a
@@ -280,8 +267,8 @@ def request_options(
                 f"document; got {quote(input_type)}",
                 param=input_type_field,
             ) from None
-    return RequestOptions(
-        truncation=truncation,
-        input_type=input_type,
-        dimensions=None if dimensions is None else _dimensions(dimensions, dimensions_field),
-    )
+    if dimensions is not None:
+        dimensions = _dimensions(dimensions, dimensions_field)
+        if model is not None:
+            dimensions = _model_dimensions(dimensions, model, dimensions_field)
+    return RequestOptions(truncation=truncation, input_type=input_type, dimensions=dimensions)

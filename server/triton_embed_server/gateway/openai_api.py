@@ -30,6 +30,7 @@ OpenAI's list shape plus ``root`` (the ensemble a name stands for, as vLLM write
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,11 +39,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from triton_embed.options import RequestOptions
 from triton_embed.transport import inference
+from triton_embed.transport.catalog import ModelInfo
 
 from triton_embed_server.gateway.errors import BadRequest, quote
 from triton_embed_server.gateway.inputs import (
     Inputs,
-    check_request,
+    check_not_empty,
     parse_inputs,
     request_options,
 )
@@ -75,16 +77,25 @@ class EmbeddingsRequest:
         encoding_format: ``float`` or ``base64``.
         options: the request options to send (``truncation``, ``input_type``,
             ``dimensions``).
+        info: the ensemble ``model`` names (``None``: read without a catalog).
     """
 
     model: str
     inputs: Inputs
     encoding_format: str
     options: RequestOptions
+    info: ModelInfo | None = None
 
 
-def parse_embeddings_request(body: Any) -> EmbeddingsRequest:
+def parse_embeddings_request(
+    body: Any, resolve: Callable[[str], ModelInfo] | None = None
+) -> EmbeddingsRequest:
     """Read an embeddings request body.
+
+    Args:
+        body: the decoded JSON body.
+        resolve: the ensemble of a model name (raises for an unknown one); with it, the
+            options are checked against that model (``dimensions`` not above its size).
 
     Raises:
         BadRequest: not an object, an unknown field, a missing or mistyped one, a value
@@ -108,6 +119,7 @@ def parse_embeddings_request(body: Any) -> EmbeddingsRequest:
         )
     if not isinstance(model, str) or not model:
         raise BadRequest("'model' must be a non-empty string", param="model")
+    info = None if resolve is None else resolve(model)
     if "input" not in body or body["input"] is None:
         raise BadRequest(
             "'input' is required: a string, a list of strings, a list of token IDs or a "
@@ -144,8 +156,9 @@ def parse_embeddings_request(body: Any) -> EmbeddingsRequest:
         truncation_field=truncation_field,
         input_type=input_type,
         dimensions=body.get("dimensions"),
+        model=info,
     )
-    return EmbeddingsRequest(model, inputs, encoding, options)
+    return EmbeddingsRequest(model, inputs, encoding, options, info)
 
 
 def render_embeddings(model: str, embeddings: inference.Embeddings, encoding: str) -> bytes:
@@ -179,10 +192,10 @@ def render_embeddings(model: str, embeddings: inference.Embeddings, encoding: st
 
 async def embeddings(gateway: Gateway, request: Request, state: RequestState) -> Response:
     """``POST /v1/embeddings`` (its body already read: ``state.body``)."""
-    parsed = parse_embeddings_request(state.body)
-    model = gateway.model(parsed.model)
+    parsed = parse_embeddings_request(state.body, gateway.model)
+    model = parsed.info or gateway.model(parsed.model)
     state.model = model.name
-    check_request(parsed.inputs, parsed.options, model, "input")
+    check_not_empty(parsed.inputs, model, "input")
     budget = gateway.token_budget(model, parsed.options, "input")
     if parsed.inputs.texts is not None:
         result = await gateway.merger.embed_texts(

@@ -50,7 +50,6 @@ from triton_embed_server.gateway.inputs import (
     FORMS,
     Inputs,
     check_not_empty,
-    check_request,
     parse_inputs,
     request_options,
 )
@@ -133,6 +132,7 @@ def parse_embed_request(body: Any, model: ModelInfo) -> tuple[Inputs, RequestOpt
         input_type=prompt_name,
         input_type_field="prompt_name",
         dimensions=body.get("dimensions"),
+        model=model,
     )
     if not normalize:  # the embedder step returns the pooled vectors as they are
         options = dataclasses.replace(options, normalize=False)
@@ -150,7 +150,7 @@ async def embed(gateway: Gateway, request: Request, state: RequestState) -> Resp
     model = gateway.model(gateway.default_model)
     state.model = model.name
     inputs, options, normalize = parse_embed_request(state.body, model)
-    check_request(inputs, options, model, "inputs")
+    check_not_empty(inputs, model, "inputs")
     budget = gateway.token_budget(model, options, "inputs")
     if inputs.texts is not None:
         result = await gateway.merger.embed_texts(model, inputs.texts, options, budget)

@@ -42,14 +42,13 @@ from pathlib import Path
 from typing import Any
 
 from triton_embed_server.models.spec import (
-    Dimensions,
     ModelFolderError,
     ModelSpec,
-    Pooling,
     PromptSpec,
     SpecParameters,
     int_list,
 )
+from triton_embed_server.steps.vectors import Dimensions, Pooling
 
 # Legacy Pooling config flags (sentence-transformers < 5) and the pooling each selects.
 _LEGACY_FLAGS = {

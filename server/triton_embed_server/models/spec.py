@@ -11,7 +11,6 @@ reader.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -19,8 +18,8 @@ from typing import Any
 
 from triton_embed.options import parse_flag, quote
 
-#: Dimensions option meaning "any value from 1 to the full dimension".
-ANY_DIMENSIONS = "any"
+from triton_embed_server.steps.vectors import ANY_DIMENSIONS, Dimensions, Pooling
+
 #: The embedder parameters that hold the spec (:meth:`ModelSpec.parameters`).
 SPEC_KEYS = (
     "pooling",
@@ -39,39 +38,6 @@ class ModelFolderError(ValueError):
 def render_flag(value: bool) -> str:
     """A bool as a config parameter: ``true`` / ``false``."""
     return "true" if value else "false"
-
-
-class Pooling(str, enum.Enum):
-    """How token vectors become one vector, in sentence-transformers' names.
-
-    ``mean``: the mean of the token vectors (BERT-family sentence encoders); ``cls``: the first
-    token's vector (bge, arctic-embed); ``lasttoken``: the last token's vector, the end-of-text
-    token the tokenizer appends (decoder embedders: Qwen3-Embedding, gte-Qwen2, e5-mistral).
-    """
-
-    MEAN = "mean"
-    CLS = "cls"
-    LASTTOKEN = "lasttoken"
-
-    @property
-    def vllm(self) -> str:
-        """VLLM's ``PoolerConfig.seq_pooling_type`` for this pooling."""
-        return {"mean": "MEAN", "cls": "CLS", "lasttoken": "LAST"}[self.value]
-
-    @classmethod
-    def parse(cls, value: str, what: str = "pooling") -> Pooling:
-        """Parse ``mean`` / ``cls`` / ``lasttoken`` (also ``last``, case-insensitive).
-
-        Raises:
-            ValueError: another value (names ``what`` and the allowed values).
-        """
-        text = str(value).strip().lower()
-        text = {"last": "lasttoken", "last_token": "lasttoken", "cls_token": "cls"}.get(text, text)
-        try:
-            return cls(text)
-        except ValueError:
-            allowed = ", ".join(m.value for m in cls)
-            raise ValueError(f"{what}={value!r} is not one of {allowed}") from None
 
 
 @dataclass(frozen=True)
@@ -110,54 +76,6 @@ class PromptSpec:
             f"request parameter input_type={quote(name)} is not a prompt of this model; "
             f"its input types are {', '.join(self.names())}"
         )
-
-
-@dataclass(frozen=True)
-class Dimensions:
-    """The dimensions a request may cut a model's vectors to (``dimensions``).
-
-    Attributes:
-        full: length of the full vector (float32 values); always allowed.
-        matryoshka: the shorter dimensions the model was trained for (ascending, each in
-            ``1..full - 1``); empty when it declares none.
-        any_length: every dimension from 1 to ``full`` is allowed.
-    """
-
-    full: int
-    matryoshka: tuple[int, ...] = ()
-    any_length: bool = False
-
-    @classmethod
-    def of(cls, full: int, allowed: tuple[int, ...] | None, what: str) -> Dimensions:
-        """The rule for a list of allowed dimensions (``None``: :data:`ANY_DIMENSIONS`).
-
-        Raises:
-            ValueError: a dimension outside ``1..full`` (names ``what``).
-        """
-        if allowed is None:
-            return cls(full, (), True)
-        for value in allowed:
-            if not 1 <= value <= full:
-                raise ValueError(f"{what}: {value} is outside 1..{full} (the full dimension)")
-        return cls(full, tuple(sorted({d for d in allowed if d != full})))
-
-    def allows(self, dimensions: int) -> bool:
-        """Whether a request may cut vectors to ``dimensions`` values."""
-        if self.any_length:
-            return 1 <= dimensions <= self.full
-        return dimensions == self.full or dimensions in self.matryoshka
-
-    def describe(self) -> str:
-        """The allowed dimensions in words (for error messages)."""
-        if self.any_length:
-            return f"any value from 1 to {self.full}"
-        return ", ".join(str(d) for d in (*self.matryoshka, self.full))
-
-    def render(self) -> str:
-        """The ``dimensions`` parameter: ``any``, or every allowed dimension (``64,128,384``)."""
-        if self.any_length:
-            return ANY_DIMENSIONS
-        return ",".join(str(d) for d in (*self.matryoshka, self.full))
 
 
 def parse_dimension_list(text: str, what: str = "dimensions") -> tuple[int, ...] | None:
@@ -216,14 +134,6 @@ class ModelSpec:
     def allowed_dimensions(self) -> str:
         """The dimensions a request may ask for, in words (for error messages)."""
         return self.dimensions.describe()
-
-    def check_dimensions(self, dimensions: int) -> None:
-        """Raise ``ValueError`` unless a request may cut vectors to ``dimensions`` values."""
-        if not self.dimensions.allows(dimensions):
-            raise ValueError(
-                f"request parameter dimensions={quote(dimensions)} is not a dimension of this "
-                f"model; allowed: {self.allowed_dimensions()}"
-            )
 
     def parameters(self) -> dict[str, str]:
         """The spec as the embedder step's parameters (:data:`SPEC_KEYS`), rendered once."""

@@ -32,11 +32,11 @@ from triton_embed_server.models.repository.render import DEVICES, DTYPES, ModelO
 from triton_embed_server.models.spec import (
     ModelFolderError,
     ModelSpec,
-    Pooling,
     SpecParameters,
     parse_dimension_list,
 )
 from triton_embed_server.steps.config import MIN_MAX_LENGTH, EmbedderConfig
+from triton_embed_server.steps.vectors import Pooling
 
 #: ``check(folder, spec, dtype, max_length)``: raises ``ValueError`` to refuse a precision.
 AccuracyCheck = Callable[[Path, ModelSpec, str, int], None]

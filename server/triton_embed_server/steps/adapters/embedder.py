@@ -137,7 +137,7 @@ class TritonPythonModel:
         try:  # parsed once, here: the tokenizer step reads the same parameters for its own
             opts = RequestOptions.from_parameters(json.loads(request.parameters() or "{}"))
             if opts.dimensions is not None:
-                self.spec.check_dimensions(opts.dimensions)
+                self.spec.dimensions.check(opts.dimensions)
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from None
         payloads = pb_utils.get_input_tensor_by_name(request, "TOKEN_IDS").as_numpy().reshape(-1)

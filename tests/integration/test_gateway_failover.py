@@ -38,11 +38,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 READY_TIMEOUT_S = 400.0  # a start on 2 shared cores takes 25-100 s, two at once longer
 CLIENTS = 4  # client threads, each with its own openai.OpenAI
 TEXTS_PER_REQUEST = 16
-LOAD_S = 40.0  # the load before the restart, seconds from its start
-KILL_AT_S = 20.0  # when server b is killed, seconds from the load's start
+LOAD_S = 25.0  # the load before the restart, seconds from its start
+KILL_AT_S = 10.0  # when server b is killed, seconds from the load's start
 TAKEN_OUT_WITHIN_S = 10.0  # a failed call takes it out at once; a health check within 2 s
 PUT_BACK_WITHIN_S = 30.0  # after the new server is ready: checks every 2 s, backoff <= 2 s
-BALANCED_S = 15.0  # the load after b is back
+BALANCED_S = 10.0  # the load after b is back
 MIN_SHARE = 0.1  # each server's least share of the requests once both are up
 EMBED_SUCCESS = "nv_inference_request_success"
 UP = "triton_embed_gateway_upstream_up"

@@ -42,7 +42,10 @@ class ReclaimingServer(TritonServer):
 
 @pytest.fixture(scope="module")
 def reclaim_server():
-    with running(ReclaimingServer(ready_timeout_s=600), "reclaiming tritonserver") as srv:
+    # After the reload Triton 2.51 can hang (or crash) at shutdown on the reloaded model:
+    # its exit timer, 30 s by default, bounds that wait
+    srv = ReclaimingServer(ready_timeout_s=600, extra_args=["--exit-timeout-secs", "5"])
+    with running(srv, "reclaiming tritonserver") as srv:
         yield srv
 
 

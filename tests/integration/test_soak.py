@@ -1,4 +1,4 @@
-"""The soak's short form: ~2 minutes of traffic, CPU hogs, a stub kill and a server kill.
+"""The soak's short form: 80 s of traffic, CPU hogs, a stub kill and a server kill.
 
 ``python -m perf.soak`` with short intervals; the run's own checks decide (no request lost,
 no wrong answer, every fault recovered, RSS and /dev/shm back, no stub left).
@@ -20,8 +20,8 @@ def test_soak_short(tmp_path):
     out = tmp_path / "soak"
     cmd = [
         sys.executable, "-m", "perf.soak",
-        "--duration-s", "110", "--clients", "4", "--hogs", "1", "--warmup-s", "10",
-        "--stub-kill-every-s", "35", "--server-kill-at-s", "60",
+        "--duration-s", "80", "--clients", "4", "--hogs", "1", "--warmup-s", "5",
+        "--stub-kill-every-s", "20", "--server-kill-at-s", "35",
         "--out", str(out),
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)

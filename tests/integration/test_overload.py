@@ -51,9 +51,9 @@ def small_queue_server(one_embedder_server):
 
 @pytest.fixture(scope="module")
 def texts():
-    """16 distinct one-line real texts (Debian fortunes): 8 requests of 2 under overload."""
+    """24 distinct one-line real texts (Debian fortunes): 12 requests of 2 under overload."""
     one_line = sorted({t for _, t in read_fortunes() if "\n" not in t and t.strip() == t})
-    return random.Random(11).sample(one_line, 16)
+    return random.Random(11).sample(one_line, 24)
 
 
 @pytest.fixture(scope="module")
@@ -93,13 +93,14 @@ def test_the_client_retries_through_overload_and_gets_the_vectors_of_a_quiet_ser
 ):
     url = small_queue_server.grpc_url
     with BackgroundLoad(url, texts[:1], clients=CLIENTS, pause_s=POLITE) as load:
-        with EmbeddingClient(url, batch_size=2, max_concurrency=4, retry=PATIENT) as client:
-            result = client.embed_with_details(texts)
-        # with retries off, the same load reaches the caller as the typed error
+        # with retries off, the load reaches the caller as the typed error (which also shows
+        # the overload is on before the patient client starts)
         with EmbeddingClient(url, batch_size=2, max_concurrency=4, retry=None) as client:
             with pytest.raises(ServerOverloadedError, match=r"overloaded.*retry later"):
                 for _ in range(20):
                     client.embed(texts)
+        with EmbeddingClient(url, batch_size=2, max_concurrency=4, retry=PATIENT) as client:
+            result = client.embed_with_details(texts)
     assert result.retries > 0, "the load never refused the client: no overload was tested"
     assert result.embeddings.shape == (len(texts), DIM)
     np.testing.assert_allclose(result.embeddings, reference, rtol=0, atol=1e-5)

@@ -98,11 +98,11 @@ def test_a_second_model_lists_beside_the_first(tmp_path, capsys, mini):
     code, out, err = run(capsys, "repository", "list", "--repository", str(repository))
     assert (code, err) == (0, "")
     assert [line.split() for line in out.splitlines()] == [
-        ["NAME", "DEVICE", "DTYPE", "INSTANCES", "DIM", "POOLING", "NORMALIZE", "DIMENSIONS",
-         "MAX_LENGTH", "PROMPTS", "STEPS", "MODEL_PATH"],
-        ["embed", "cpu", "float32", "2", "384", "mean", "true", "384", "256", "-",
+        ["NAME", "DEVICE", "DTYPE", "QUANTIZATION", "INSTANCES", "DIM", "POOLING", "NORMALIZE",
+         "DIMENSIONS", "MAX_LENGTH", "PROMPTS", "STEPS", "MODEL_PATH"],
+        ["embed", "cpu", "float32", "none", "2", "384", "mean", "true", "384", "256", "-",
          "tokenizer,embedder", DEFAULT_MODEL],
-        ["mini", "gpu", "float16", "4", "384", "mean", "true", "64,128,384", "256", "-",
+        ["mini", "gpu", "float16", "none", "4", "384", "mean", "true", "64,128,384", "256", "-",
          "mini_tokenizer,mini_embedder", str(mini.resolve())],
     ]  # fmt: skip
 
@@ -117,6 +117,7 @@ def test_a_second_model_lists_beside_the_first(tmp_path, capsys, mini):
         "device": "gpu",
         "instances": 4,
         "dtype": "float16",
+        "quantization": "none",
         "max_length": 256,
         "spec": {
             "model_path": str(mini.resolve()),

@@ -284,7 +284,9 @@ def test_the_cli_finds_the_server_commands_by_entry_point():
     from triton_embed.cli import build_parser
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    assert list(sub.choices) == ["embed", "verify", "query", "doctor", "gateway", "repository"]
+    assert list(sub.choices) == [
+        "embed", "verify", "query", "doctor", "gateway", "quantize", "repository"
+    ]  # fmt: skip
     assert sub.choices["doctor"].get_default("run").__module__ == (
         "triton_embed_server.host.doctor.command"
     )

@@ -365,6 +365,7 @@ def test_list_describes_each_model_and_lists_a_broken_one_with_its_error(repo, m
         "device": "cpu",
         "instances": 2,
         "dtype": "float32",
+        "quantization": "none",
         "max_length": 256,
         "spec": {
             "model_path": str(MODEL_PATH),
@@ -416,15 +417,15 @@ def test_the_table_has_a_row_per_model(repo, mini):
     add_mini(repo, mini)
     lines = gen.format_table(gen.list_models(repo)).splitlines()
     assert lines[0].split() == [
-        "NAME", "DEVICE", "DTYPE", "INSTANCES", "DIM", "POOLING", "NORMALIZE", "DIMENSIONS",
-        "MAX_LENGTH", "PROMPTS", "STEPS", "MODEL_PATH",
+        "NAME", "DEVICE", "DTYPE", "QUANTIZATION", "INSTANCES", "DIM", "POOLING", "NORMALIZE",
+        "DIMENSIONS", "MAX_LENGTH", "PROMPTS", "STEPS", "MODEL_PATH",
     ]  # fmt: skip
     assert lines[1].split() == [
-        "embed", "cpu", "float32", "2", "384", "mean", "true", "384", "256", "-",
+        "embed", "cpu", "float32", "none", "2", "384", "mean", "true", "384", "256", "-",
         "tokenizer,embedder", DEFAULT_MODEL,
     ]  # fmt: skip
     assert lines[2].split() == [
-        "mini", "gpu", "float16", "4", "384", "mean", "true", "64,128,384", "256", "-",
+        "mini", "gpu", "float16", "none", "4", "384", "mean", "true", "64,128,384", "256", "-",
         "mini_tokenizer,mini_embedder", str(mini.resolve()),
     ]  # fmt: skip
     assert lines[0].index("DEVICE") == lines[1].index("cpu") == lines[2].index("gpu")

@@ -164,6 +164,7 @@ def measure(
     precision: str,
     max_length: int,
     texts: list[str] | None = None,
+    candidate: Path | None = None,
 ) -> AccuracyReport:
     """Embed the gate's texts at float32 and at ``precision`` with vLLM; :func:`compare` them.
 
@@ -173,9 +174,12 @@ def measure(
     Args:
         folder: the model folder.
         spec: the model's spec with the operator's overrides.
-        precision: the engine ``dtype`` to check (``bfloat16``, ``float16``).
+        precision: the engine ``dtype`` to check (``bfloat16``, ``float16``), or ``int8``
+            for a ``candidate`` folder (run at float32 activations around its int8 layers).
         max_length: token budget per text.
         texts: the corpus; ``None``: :func:`gate_texts`.
+        candidate: the folder to run at ``precision`` (a quantized copy of ``folder``);
+            ``None``: ``folder`` itself.
 
     Raises:
         RuntimeError: an engine failed to start or embed (vLLM's message).
@@ -194,8 +198,12 @@ def measure(
         max_num_batched_tokens=max(16384, max_length),
     )
     # Pooled, not normalized: cosine and the neighbours by cosine do not depend on the norm.
-    vectors = {dtype: _embed(replace(base, dtype=dtype), ids) for dtype in ("float32", precision)}
-    return compare(vectors["float32"], vectors[precision], precision)
+    reference = _embed(base, ids)
+    if candidate is not None:
+        got = _embed(replace(base, model_path=Path(candidate)), ids)
+    else:
+        got = _embed(replace(base, dtype=precision), ids)
+    return compare(reference, got, precision)
 
 
 #: vLLM's switch for an engine in this process: without it each engine runs in a child

@@ -13,6 +13,7 @@ from triton_embed_server.models.instance_group import (
 )
 from triton_embed_server.models.model_files import resolve_model_path
 from triton_embed_server.models.model_spec import read_model_spec
+from triton_embed_server.models.quantize import quantization_of
 from triton_embed_server.models.repository.layout import ensembles, our_steps
 from triton_embed_server.models.repository.names import RepositoryError, step_names
 from triton_embed_server.models.spec import SpecParameters
@@ -31,6 +32,8 @@ class ListedModel:
         instances: embedder instances (per GPU on ``gpu``).
         dtype: the embedder's ``dtype`` parameter as written (the server may run float32
             for ``bfloat16`` on CPUs without bfloat16 instructions; it logs why).
+        quantization: ``int8`` for a compressed-tensors int8 folder (``triton-embed
+            quantize``), ``none`` for float weights.
         max_length: the token budget per text in effect (the model's own when configured 0).
         spec: :meth:`~triton_embed_server.models.spec.ModelSpec.describe` of the folder, plus
             ``allowed_dimensions`` (in words).
@@ -43,6 +46,7 @@ class ListedModel:
     device: str | None = None
     instances: int | None = None
     dtype: str | None = None
+    quantization: str | None = None
     max_length: int | None = None
     spec: dict[str, Any] | None = None
     error: str | None = None
@@ -109,7 +113,9 @@ def _describe(repository: Path, name: str, tokenizer: str, embedder: str) -> Lis
     except (OSError, ValueError) as exc:
         return _with(listed, error=str(exc))
     described = {**spec.describe(), "allowed_dimensions": spec.allowed_dimensions()}
-    return _with(listed, max_length=max_length, spec=described)
+    return _with(
+        listed, quantization=quantization_of(folder), max_length=max_length, spec=described
+    )
 
 
 def _with(listed: ListedModel, **changes: Any) -> ListedModel:
@@ -118,7 +124,17 @@ def _with(listed: ListedModel, **changes: Any) -> ListedModel:
 
 def format_table(models: list[ListedModel]) -> str:
     """``repository list`` as a text table, one model per line (an error replaces columns)."""
-    header = ("NAME", "DEVICE", "DTYPE", "INSTANCES", "DIM", "POOLING", "NORMALIZE", "DIMENSIONS")
+    header = (
+        "NAME",
+        "DEVICE",
+        "DTYPE",
+        "QUANTIZATION",
+        "INSTANCES",
+        "DIM",
+        "POOLING",
+        "NORMALIZE",
+        "DIMENSIONS",
+    )
     header += ("MAX_LENGTH", "PROMPTS", "STEPS", "MODEL_PATH")
     rows = []
     for m in models:
@@ -134,6 +150,7 @@ def format_table(models: list[ListedModel]) -> str:
                 m.name,
                 str(m.device),
                 str(m.dtype),
+                str(m.quantization),
                 str(m.instances),
                 str(s["dimension"]),
                 s["pooling"],

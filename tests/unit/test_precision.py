@@ -248,14 +248,23 @@ def test_the_summary_takes_medians_of_round_bests_and_their_ratios():
             row("ensemble", "bfloat16", rnd, (16, 8), 12_000 * scale),
             row("engine", "float32", rnd, (0, 2), 7_500 * scale),
             row("engine", "bfloat16", rnd, (0, 2), 15_000 * scale),
+            row("ensemble", "int8", rnd, (1, 16), 15_000 * scale),
+            row("engine", "int8", rnd, (0, 2), 20_000 * scale),
         ]
-    gemm = {"float32": 150.0, "bfloat16": 400.0}
-    host = {"cpus": 2, "bf16_flags": ["avx512_bf16"], "int8_flags": [], "gate": "gate line",
+    gemm = {"float32": 150.0, "bfloat16": 400.0, "int8": 800.0}
+    host = {"cpus": 2, "bf16_flags": ["avx512_bf16"], "int8_flags": [], "gates": ["gate line"],
             "linear_mflop_per_token": 20.0, "gemm_gflops": gemm}  # fmt: skip
     text = summarize(rows, host)
     # ensemble 6,000 (the latency row's 9,000 is not a throughput point), engine 7,500,
     # 0.80 of it; 6,000 tokens/s x 20 MFLOP = 120 GFLOP/s, 0.80 of 150; p99 20.0 ms
-    assert "| 50 | float32 | 6,000 | 7,500 | 0.80 | 120 | 0.80 | 20.0 |" in text
-    assert "| 50 | bfloat16 | 12,000 | 15,000 | 0.80 | 240 | 0.60 | 10.0 |" in text
-    assert "| 50 | 2.00 | 2.00 | >= 1.8 (met) |" in text
-    assert "float32 150 GFLOP/s, bfloat16 400 GFLOP/s (2.67x)" in text
+    assert "| 50 | float32 | 6,000 | 1.00 |  | 7,500 | 0.80 | 120 | 0.80 | 20.0 |" in text
+    assert (
+        "| 50 | bfloat16 | 12,000 | 2.00 | >= 1.8 (met) | 15,000 | 0.80 | 240 | 0.60 | 10.0 |"
+        in text
+    )
+    # no latency row for int8: its p99 is nan; 2.5x float32 misses the 3x target
+    assert (
+        "| 50 | int8 | 15,000 | 2.50 | >= 3.0 (missed) | 20,000 | 0.75 | 300 | 0.38 | nan |" in text
+    )
+    assert "GFLOP/s (int8 GOP/s): float32 150, bfloat16 400, int8 800." in text
+    assert "gate line" in text

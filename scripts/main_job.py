@@ -10,7 +10,10 @@ the official ``openai`` SDK: the query vectors must be bit-identical to the gRPC
 the corpus is ranked by cosine similarity as ``triton-embed query`` ranks it. The gateway and
 the server it started are stopped at the end.
 
-    .venv/bin/python scripts/main_job.py [--max-texts 6000] [--out-dir out]
+    .venv/bin/python scripts/main_job.py [--max-texts 6000] [--out-dir out] [--dtype float32]
+
+The shipped repository runs its engine at bfloat16 (float32 on CPUs without bfloat16
+instructions; docs/precision.md); ``--dtype float32`` serves a copy of it at float32.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -29,6 +33,7 @@ from triton_embed.admin import ADMIN_KEY_ENV
 from triton_embed.bulk.shards import read_vectors
 from triton_embed.cli_args import non_negative_int, positive_int
 from triton_embed.corpus import read_fortunes, read_texts, write_jsonl
+from triton_embed_server.models.repository.copies import copy_repository, edit_config
 from triton_embed_server.run.launcher import REPO_ROOT, Gateway, TritonServer
 
 QUERIES = [
@@ -101,6 +106,11 @@ def main() -> int:
     parser.add_argument("--out-dir", type=Path, default=REPO_ROOT / "out")
     parser.add_argument("--concurrency", type=positive_int, default=8)
     parser.add_argument("--batch-size", type=positive_int, default=16)
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        help="the engine's precision (default: the shipped repository's, bfloat16)",
+    )
     args = parser.parse_args()
 
     args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -111,7 +121,13 @@ def main() -> int:
     write_jsonl(corpus, [{"source": db, "text": text} for db, text in fortunes])
     print(f"corpus: {len(fortunes)} fortunes from Debian's fortunes package -> {corpus}")
 
-    server = TritonServer(log_path=args.out_dir / "tritonserver.log")
+    repository = REPO_ROOT / "model_repository"
+    if args.dtype:
+        shutil.rmtree(args.out_dir / "model_repository", ignore_errors=True)  # an earlier run's
+        repository = copy_repository(args.out_dir / "model_repository")
+        edit_config(repository / "embedder" / "config.pbtxt", parameters={"dtype": args.dtype})
+    print(f"engine dtype: {args.dtype or 'as shipped: bfloat16 (float32 on CPUs without it)'}")
+    server = TritonServer(model_repository=repository, log_path=args.out_dir / "tritonserver.log")
     print(f"starting tritonserver (gRPC {server.grpc_url}); log: {server.log_path}")
     t0 = time.perf_counter()
     try:

@@ -20,7 +20,7 @@ import pytest
 from triton_embed import EmbeddingClient
 from triton_embed_server.run.launcher import REPO_ROOT, Gateway
 
-from tests.helpers import COSINE_MIN, DIM, MAX_LENGTH, cosines
+from tests.helpers import COSINE_MIN, DIM, MAX_LENGTH, NORM_RTOL, cosines
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -293,7 +293,9 @@ def test_tei_embed_with_haystacks_request_shape(gateway, grpc, reference_model):
     pooled_only = SentenceTransformer(modules=[reference_model[0], reference_model[1]])
     expected = pooled_only.encode(batch)
     assert cosines(raw, expected).min() >= COSINE_MIN
-    np.testing.assert_allclose(np.linalg.norm(raw, axis=1), np.linalg.norm(expected, axis=1), 1e-3)
+    np.testing.assert_allclose(
+        np.linalg.norm(raw, axis=1), np.linalg.norm(expected, axis=1), NORM_RTOL
+    )
     assert np.array_equal(raw, grpc.embed(batch, normalize=False))
     r = httpx.post(f"{gateway.base_url}/embed", headers=auth(), json={**body, "normalize": True})
     assert np.array_equal(np.array(r.json(), dtype=np.float32), grpc.embed(batch))

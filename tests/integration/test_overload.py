@@ -27,7 +27,7 @@ from triton_embed.corpus import read_fortunes
 from triton_embed.errors import QUEUE_FULL
 
 from perf.overload import BackgroundLoad, run_load, summarize
-from tests.helpers import CLI, DIM
+from tests.helpers import CLI, DIM, VECTOR_ATOL
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -103,7 +103,7 @@ def test_the_client_retries_through_overload_and_gets_the_vectors_of_a_quiet_ser
             result = client.embed_with_details(texts)
     assert result.retries > 0, "the load never refused the client: no overload was tested"
     assert result.embeddings.shape == (len(texts), DIM)
-    np.testing.assert_allclose(result.embeddings, reference, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(result.embeddings, reference, rtol=0, atol=VECTOR_ATOL)
     assert summarize(load.run)["errors"] == 0
     assert_server_healthy(small_queue_server, load.run)
 
@@ -129,7 +129,7 @@ def test_cli_embed_under_overload_writes_every_text_once_in_order(
     # row i is text i: its nearest reference vector is its own
     similarity = vectors @ reference.T
     assert (similarity.argmax(axis=1) == np.arange(len(texts))).all()
-    np.testing.assert_allclose(vectors, reference, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(vectors, reference, rtol=0, atol=VECTOR_ATOL)
     written = json.loads(summary.read_text())
     assert written["texts"] == len(texts)
     assert written["retries"] > 0, "the load never refused the CLI: no overload was tested"

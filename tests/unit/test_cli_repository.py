@@ -16,7 +16,7 @@ from triton_embed import EmbeddingClient
 from triton_embed.admin import ADMIN_KEY_ENV, GRPC_ADMIN_HEADER
 from triton_embed.cli import main
 from triton_embed.model_control import ModelControl
-from triton_embed_server.models.repository.copies import MODEL_REPOSITORY
+from triton_embed_server.models.repository.copies import MODEL_REPOSITORY, set_parameter
 from tritonclient.utils import InferenceServerException
 
 from tests import fake_triton as fake_server
@@ -52,6 +52,19 @@ def add(capsys, repository: Path, *extra: str, name: str = "embed", model: str =
     )
 
 
+def shipped_at_float32() -> dict[str, bytes]:
+    """The shipped repository's files as ``repository add`` writes them without ``--dtype``.
+
+    All but the dtype: the shipped model passed the accuracy gate at bfloat16; a model added
+    without ``--dtype`` runs float32 until one asks for bfloat16 (which runs the gate).
+    """
+    shipped = tree(MODEL_REPOSITORY)
+    embedder = shipped["embedder/config.pbtxt"].decode()
+    assert embedder.count('string_value: "bfloat16"') == 1
+    shipped["embedder/config.pbtxt"] = set_parameter(embedder, "dtype", "float32").encode()
+    return shipped
+
+
 @pytest.fixture
 def mini(tmp_path: Path) -> Path:
     return copy_model(tmp_path / "models" / "mini")
@@ -65,7 +78,7 @@ def test_add_with_the_shipped_settings_writes_the_shipped_repository(tmp_path, c
     repository.mkdir()
     code, out, err = add(capsys, repository, "--instances", "2", "--device", "cpu")
     assert (code, err) == (0, "")
-    assert tree(repository) == tree(MODEL_REPOSITORY)
+    assert tree(repository) == shipped_at_float32()
     assert out == (
         f"added 'embed' in {repository}: embed, tokenizer, embedder; a running server loads it "
         "with: triton-embed repository load embed --url HOST:PORT\n"
@@ -272,7 +285,7 @@ def test_remove_deletes_the_three_folders(tmp_path, capsys, mini):
     )
     assert (code, err) == (0, "")
     assert out == f"removed 'mini' from {repository}: mini, mini_tokenizer, mini_embedder\n"
-    assert tree(repository) == tree(MODEL_REPOSITORY)
+    assert tree(repository) == shipped_at_float32()
 
 
 def test_remove_refuses_a_folder_that_is_not_ours(tmp_path, capsys):
@@ -286,7 +299,7 @@ def test_remove_refuses_a_folder_that_is_not_ours(tmp_path, capsys):
         f"triton-embed repository remove: error: {repository}/embedder is not an ensemble (no "
         'readable config.pbtxt with platform "ensemble"); not removing it\n'
     )
-    assert tree(repository) == tree(MODEL_REPOSITORY)
+    assert tree(repository) == shipped_at_float32()
 
 
 # ---- load / unload ---------------------------------------------------------------------------
@@ -410,7 +423,7 @@ def test_remove_with_url_unloads_first_and_keeps_the_files_when_that_fails(
     argv = ["repository", "remove", "--repository", str(repository), "--name", "embed"]
     code, out, err = run(capsys, *argv, "--url", "h:1")
     assert code == 1 and out == "" and "cannot unload model 'embed'" in err
-    assert tree(repository) == tree(MODEL_REPOSITORY)
+    assert tree(repository) == shipped_at_float32()
     server.error = None
     code, out, err = run(capsys, *argv, "--url", "h:1")
     assert (code, err) == (0, "")

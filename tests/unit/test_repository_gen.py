@@ -41,9 +41,9 @@ def mini(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    """A repository holding the default model as ``embed`` (the shipped files)."""
+    """A repository holding the default model as ``embed`` (the shipped files: bfloat16)."""
     repository = tmp_path / "repository"
-    gen.add_model(repository, ModelOptions(name="embed", model=DEFAULT_MODEL))
+    gen.add_model(repository, ModelOptions(name="embed", model=DEFAULT_MODEL, dtype="bfloat16"))
     return repository
 
 
@@ -364,7 +364,7 @@ def test_list_describes_each_model_and_lists_a_broken_one_with_its_error(repo, m
         "model_path": DEFAULT_MODEL,
         "device": "cpu",
         "instances": 2,
-        "dtype": "float32",
+        "dtype": "bfloat16",
         "quantization": "none",
         "max_length": 256,
         "spec": {
@@ -421,7 +421,7 @@ def test_the_table_has_a_row_per_model(repo, mini):
         "DIMENSIONS", "MAX_LENGTH", "PROMPTS", "STEPS", "MODEL_PATH",
     ]  # fmt: skip
     assert lines[1].split() == [
-        "embed", "cpu", "float32", "none", "2", "384", "mean", "true", "384", "256", "-",
+        "embed", "cpu", "bfloat16", "none", "2", "384", "mean", "true", "384", "256", "-",
         "tokenizer,embedder", DEFAULT_MODEL,
     ]  # fmt: skip
     assert lines[2].split() == [

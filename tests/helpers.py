@@ -12,12 +12,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from triton_embed_server.host.cpu_features import cpu_flags, engine_dtype
-from triton_embed_server.models.accuracy import GATES
-from triton_embed_server.models.instance_group import read_config_pbtxt
+from triton_embed_server.models.accuracy import cosine_floor
 from triton_embed_server.models.model_files import resolve_model_path
 from triton_embed_server.run.launcher import REPO_ROOT
-from triton_embed_server.steps.config import model_parameters
+from triton_embed_server.steps.config import served_dtype
 
 # The model the shipped repository serves (all-MiniLM-L6-v2) and its shape, read from its
 # own sentence-transformers files.
@@ -26,18 +24,11 @@ MAX_LENGTH = json.loads((MODEL_PATH / "sentence_bert_config.json").read_text())[
 DIM = json.loads((MODEL_PATH / "1_Pooling" / "config.json").read_text())["word_embedding_dimension"]
 #: The engine dtype the shipped repository runs on this host: its embedder's ``dtype``
 #: (bfloat16), float32 where the CPUs lack bfloat16 instructions (as the embedder decides).
-SERVED_DTYPE = engine_dtype(
-    model_parameters(read_config_pbtxt(REPO_ROOT / "model_repository/embedder/config.pbtxt"))[
-        "dtype"
-    ],
-    cpu_flags(),
-)[0]
-# Least per-text cosine of a served vector to sentence-transformers' (float32, CPU). float32:
-# vLLM and sentence-transformers run the same math in a different order; 0.9999 is the bar
-# the project sets (vLLM's own tests use 1e-2 on the embedding difference norm). bfloat16:
-# the accuracy gate's bar (triton_embed_server.models.accuracy.GATES; this model measured
-# min 0.9999 on the gate's 300 texts).
-COSINE_MIN = {"float32": 0.9999}.get(SERVED_DTYPE, GATES[SERVED_DTYPE].cosine_p1)
+SERVED_DTYPE = served_dtype(REPO_ROOT / "model_repository" / "embedder")
+#: Least per-text cosine of a served vector to sentence-transformers' (float32, CPU): 0.9999
+#: at float32, the accuracy gate's bar at bfloat16 (this model measured min 0.9999 on the
+#: gate's 300 texts); see :func:`~triton_embed_server.models.accuracy.cosine_floor`.
+COSINE_MIN = cosine_floor(SERVED_DTYPE)
 #: Largest per-value difference between two answers of the same server for the same text in
 #: differently composed batches (other matrix shapes, another summation order). float32:
 #: 1e-5. bfloat16 rounds each value to 8 mantissa bits: 2**-9 relative, about 0.002 at the

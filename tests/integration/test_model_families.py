@@ -14,7 +14,7 @@ as a user runs it) from model folders built at test time (``tests/model_factory.
 
 A fifth (a Llama-style decoder) is added to the live server's repository, loaded, used,
 supervised, unloaded and removed. Reference: ``SentenceTransformer`` on the same folder;
-cosine >= :data:`~tests.helpers.COSINE_MIN` (0.9999); token counts exactly.
+cosine >= :data:`~tests.helpers.COSINE_MIN` (the served dtype's floor); token counts exactly.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from triton_embed_server.models import accuracy
 from triton_embed_server.models import repository as gen
 from triton_embed_server.models.instance_group import read_config_pbtxt
 from triton_embed_server.models.repository import ModelOptions, RepositoryError
+from triton_embed_server.run.launcher import REPO_ROOT
 from triton_embed_server.steps import config as step_config
 from triton_embed_server.steps.config import EmbedderConfig, model_parameters
 
@@ -74,6 +75,24 @@ def test_embedder_config_falls_back_on_cpu_only(
     )
     assert config.dtype == dtype and config.llm_kwargs()["dtype"] == dtype
     assert bool(config.dtype_note) is noted
+
+
+@pytest.mark.parametrize(("flags", "served"), [(ZEN4, "bfloat16"), (SKYLAKE, "float32")])
+def test_the_served_dtype_of_the_shipped_embedder_follows_the_host(monkeypatch, flags, served):
+    monkeypatch.setattr(step_config, "cpu_flags", lambda: frozenset(flags.split()))
+    assert step_config.served_dtype(REPO_ROOT / "model_repository" / "embedder") == (served)
+
+
+def test_the_served_dtype_of_a_folder_without_one_is_the_default(tmp_path):
+    gen.add_model(tmp_path, ModelOptions(name="f", model=DEFAULT_MODEL))
+    assert step_config.served_dtype(tmp_path / "f_embedder") == "float32"
+
+
+@pytest.mark.parametrize(
+    ("dtype", "floor"), [("float32", 0.9999), ("auto", 0.9999), ("bfloat16", 0.999)]
+)
+def test_the_cosine_floor_is_float32s_bar_or_the_gates(dtype, floor):
+    assert accuracy.cosine_floor(dtype) == floor
 
 
 # ---- repository add --dtype ------------------------------------------------------------------

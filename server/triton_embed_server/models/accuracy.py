@@ -62,6 +62,22 @@ GATES = {
 }
 
 
+#: Least per-text cosine a served float32 vector must reach against sentence-transformers'
+#: float32 vector of the same text: vLLM and sentence-transformers run the same math in a
+#: different order (vLLM's own tests allow 1e-2 on the difference norm; 0.9999 is ours).
+FLOAT32_COSINE_MIN = 0.9999
+
+
+def cosine_floor(dtype: str) -> float:
+    """Least per-text cosine to the float32 reference a vector served at ``dtype`` must reach.
+
+    :data:`FLOAT32_COSINE_MIN` for float32 (and ``auto``, float32 on CPU); a reduced
+    precision's gate bar (:data:`GATES`, its ``cosine_p1``) otherwise. For checks of served
+    vectors (tests, the soak): a wrong vector (another text's, garbage) scores far below.
+    """
+    return GATES[dtype].cosine_p1 if dtype in GATES else FLOAT32_COSINE_MIN
+
+
 @dataclass(frozen=True)
 class AccuracyReport:
     """How close one precision's vectors came to float32's.

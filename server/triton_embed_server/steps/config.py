@@ -20,7 +20,11 @@ from triton_embed.options import DEFAULT_ALLOW_EMPTY, DEFAULT_TRUNCATION, Trunca
 from triton_embed.serving_limits import REQUEST_TEXTS, request_token_budget
 
 from triton_embed_server.host.cpu_features import cpu_flags, engine_dtype
-from triton_embed_server.models.instance_group import instance_count, instance_kind
+from triton_embed_server.models.instance_group import (
+    instance_count,
+    instance_kind,
+    read_config_pbtxt,
+)
 from triton_embed_server.models.model_files import resolve_model_path
 from triton_embed_server.models.model_spec import (
     embedding_dimension,
@@ -466,3 +470,21 @@ class EmbedderConfig(_StepConfig):
         }
         kwargs.update(self.engine_args)
         return kwargs
+
+
+def served_dtype(embedder_dir: str | Path) -> str:
+    """The dtype the engine of an embedder folder runs on this host.
+
+    Args:
+        embedder_dir: a repository's embedder folder (the one holding ``config.pbtxt``).
+
+    Returns:
+        its ``dtype`` parameter (:class:`EmbedderConfig`'s default where absent); on a
+        ``KIND_CPU`` instance group, float32 where the CPUs lack bfloat16 instructions, as
+        the embedder decides at start (:func:`~triton_embed_server.host.cpu_features.engine_dtype`).
+    """
+    model_config = read_config_pbtxt(Path(embedder_dir) / "config.pbtxt")
+    dtype = model_parameters(model_config).get("dtype", _defaults(EmbedderConfig)["dtype"])
+    if instance_kind(model_config) == "KIND_CPU":
+        dtype = engine_dtype(dtype, cpu_flags())[0]
+    return dtype

@@ -39,12 +39,23 @@ MAX_LOOSE_MODULES = 8
 MAX_LINES = 500
 
 
+def project_files(folder: Path) -> Iterator[Path]:
+    """The ``.py`` files under ``folder`` that are the project's: not under a hidden folder
+    (``perf/.infinity``, a peer's virtualenv) and not through a link (the stubs' links to the
+    packages, ``model_repository/*/1/``)."""
+    for path in sorted(folder.rglob("*.py")):
+        inside = path.relative_to(folder).parts
+        if any(part.startswith(".") for part in inside):
+            continue
+        if any(p.is_symlink() for p in (path, *path.parents) if p.is_relative_to(folder)):
+            continue
+        yield path
+
+
 def modules(folder: Path, import_root: Path) -> dict[str, Path]:
     """Every ``.py`` file under ``folder`` by its dotted module name (relative to the root)."""
     found = {}
-    for path in sorted(folder.rglob("*.py")):
-        if any(p.is_symlink() for p in (path, *path.parents) if p.is_relative_to(folder)):
-            continue  # the stubs' links to the packages (model_repository/*/1/)
+    for path in project_files(folder):
         parts = list(path.relative_to(import_root).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
@@ -164,9 +175,7 @@ def long_modules(folders, max_lines: int) -> list[str]:
     """``path: N lines`` for every module of ``folders`` longer than ``max_lines``."""
     long = []
     for folder in folders:
-        for path in sorted(folder.rglob("*.py")):
-            if any(p.is_symlink() for p in (path, *path.parents) if p.is_relative_to(folder)):
-                continue
+        for path in project_files(folder):
             lines = len(path.read_text().splitlines())
             if lines > max_lines:
                 long.append(f"{path.relative_to(folder.parent)}: {lines} lines")

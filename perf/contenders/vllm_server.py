@@ -33,10 +33,17 @@ vllm_load = functools.partial(embeddings_load, model=SERVED_MODEL, options=TRUNC
 
 
 class VllmServer:
-    """vLLM's OpenAI-compatible server in pooling mode on a free loopback port."""
+    """vLLM's OpenAI-compatible server in pooling mode on a free loopback port.
 
-    def __init__(self):
+    Args:
+        dtype: its ``--dtype`` (float32, as users of a float32 checkpoint get it on CPU;
+            bfloat16 for the precision benchmark's peer at that precision).
+    """
+
+    def __init__(self, dtype: str = "float32"):
+        self.dtype = dtype
         self.port = free_port()
+        self.embeddings_url = f"http://127.0.0.1:{self.port}/v1/embeddings"
         self.proc: subprocess.Popen | None = None
         self.log = tempfile.NamedTemporaryFile(prefix="vllm-server-", suffix=".log", delete=False)
 
@@ -52,7 +59,7 @@ class VllmServer:
             "--runner",
             "pooling",
             "--dtype",
-            "float32",
+            self.dtype,
             "--max-model-len",
             "256",
             "--enforce-eager",

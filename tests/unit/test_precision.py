@@ -287,3 +287,52 @@ def test_the_summary_takes_medians_of_round_bests_and_their_ratios():
     )
     assert "GFLOP/s (int8 GOP/s): float32 150, bfloat16 400, int8 800." in text
     assert "gate line" in text
+
+
+def test_the_peer_targets_compare_medians_at_the_same_precision_and_gated():
+    from perf.precision import peer_lines
+
+    def row(contender, precision, point, tokens_s, p99=None):
+        b, c = point
+        return {"contender": contender, "precision": precision, "round": 1, "length": 50,
+                "batch": b, "concurrency": c, "tokens_s": tokens_s, "p99_ms": p99}  # fmt: skip
+
+    rows = [
+        row("ensemble", "float32", (16, 8), 10_000),
+        row("ensemble", "bfloat16", (1, 1), 1.0, 15.0),
+        row("ensemble", "bfloat16", (16, 8), 18_000),
+        row("ensemble", "int8", (16, 8), 30_000),  # fastest, but below its gate
+        row("infinity_onnx", "float32", (1, 64), 12_000),
+        row("infinity_onnx_int8", "int8", (1, 64), 16_000),
+        row("vllm_server", "float32", (1, 1), 1.0, 20.0),
+        row("vllm_server", "float32", (1, 64), 6_000),
+    ]
+    host = {
+        "gates": [
+            "accuracy of bfloat16 against float32 on 300 real texts: ...: passed",
+            "accuracy of int8 against float32 on 300 real texts: ...: FAILED",
+        ],
+        "peer_gates": ["infinity_onnx_int8: accuracy of int8 ...: passed"],
+    }
+    text = "\n".join(peer_lines(rows, host))
+    assert "| 50 | infinity_onnx | float32 | 12,000 | 0.83 | nan |" in text
+    assert "| 50 | vllm_server | float32 | 6,000 | 1.67 | 20.0 |" in text
+    # same precision: float32 10,000 / Infinity 12,000; int8 30,000 / 16,000
+    same = "ours >= 1.5x the fastest peer"
+    assert f"| 50 | float32: {same} | 10,000 / infinity_onnx 12,000 = 0.83 | missed |" in text
+    assert f"| 50 | int8: {same} | 30,000 / infinity_onnx_int8 16,000 = 1.88 | met |" in text
+    # gated: our int8 failed its gate, so bfloat16 against Infinity's int8 (which passed)
+    assert "bfloat16 18,000 / infinity_onnx_int8 16,000 = 1.12 | missed |" in text
+    assert "| 50 | p99 c=1: ours (bfloat16) <= vllm_server | 15.0 / 20.0 ms | met |" in text
+
+
+@pytest.mark.parametrize(("size", "line"), [(None, None), (64, "preferred_batch_size: [ 64 ]")])
+def test_a_preferred_batch_variant_changes_only_that_line(tmp_path, size, line):
+    from perf.preferred_batch import variant_repository
+
+    shipped = (REPO_ROOT / "model_repository" / "embedder" / "config.pbtxt").read_text()
+    config = read_config_pbtxt(variant_repository(tmp_path, size) / "embedder" / "config.pbtxt")
+    assert list(config["dynamic_batching"].get("preferred_batch_size", [])) == (
+        [] if size is None else [size]
+    )
+    assert "preferred_batch_size: [ 32 ]" in shipped and (line is None or line not in shipped)

@@ -63,6 +63,15 @@ def reference(small_queue_server, texts):
         return c.embed(texts)
 
 
+def assert_no_errors(server, run):
+    """Every request of the load was served or refused as overloaded; else the messages and
+    the end of the server's log (a failure seen once in CI named only its count)."""
+    figures = summarize(run)
+    if figures["errors"]:
+        log = server.log_path.read_text(errors="replace")[-4000:]
+        pytest.fail(f"{figures['errors']} errors: {figures['messages']}\nserver log:\n{log}")
+
+
 def assert_server_healthy(server, run):
     assert run.ready_checks and not any(check is False for check in run.ready_checks)
     assert server.process.poll() is None
@@ -75,7 +84,7 @@ def test_past_capacity_requests_are_refused_fast_and_admitted_latency_stays_boun
     run = run_load(small_queue_server.grpc_url, texts[:1], clients=CLIENTS, seconds=10.0)
     figures = summarize(run)
     print("\noverload figures:", json.dumps(figures, indent=1))
-    assert figures["errors"] == 0, figures["messages"]
+    assert_no_errors(small_queue_server, run)
     assert figures["queue_full"] > 0 and figures["admitted"] > 0, figures
     for message in figures["messages"]:
         assert message.startswith("StatusCode.UNAVAILABLE") and QUEUE_FULL in message
@@ -104,7 +113,7 @@ def test_the_client_retries_through_overload_and_gets_the_vectors_of_a_quiet_ser
     assert result.retries > 0, "the load never refused the client: no overload was tested"
     assert result.embeddings.shape == (len(texts), DIM)
     np.testing.assert_allclose(result.embeddings, reference, rtol=0, atol=VECTOR_ATOL)
-    assert summarize(load.run)["errors"] == 0
+    assert_no_errors(small_queue_server, load.run)
     assert_server_healthy(small_queue_server, load.run)
 
 
@@ -138,5 +147,5 @@ def test_cli_embed_under_overload_writes_every_text_once_in_order(
         r"\b\d+ requests sent again after the server refused them\b",
         proc.stdout,
     )
-    assert summarize(load.run)["errors"] == 0
+    assert_no_errors(small_queue_server, load.run)
     assert_server_healthy(small_queue_server, load.run)

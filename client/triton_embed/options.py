@@ -136,7 +136,7 @@ def quote(value: Any, limit: int = QUOTE_CHARS) -> str:
     return f"{shown[:limit]}...{size}"
 
 
-def _member(cls: type[enum.Enum], value: Any, what: str, fold) -> Any:
+def parse_member(cls: type[enum.Enum], value: Any, what: str, fold) -> Any:
     """The member of ``cls`` whose value is ``fold(str(value).strip())``; a member: itself.
 
     Raises:
@@ -170,7 +170,7 @@ class Truncation(str, enum.Enum):
         Raises:
             OptionError: another value (names ``what``, the value and the allowed values).
         """
-        return _member(cls, value, what, str.upper)
+        return parse_member(cls, value, what, str.upper)
 
 
 class InvalidUtf8(str, enum.Enum):
@@ -190,7 +190,7 @@ class InvalidUtf8(str, enum.Enum):
         Raises:
             OptionError: another value (names ``what``, the value and the allowed values).
         """
-        return _member(cls, value, what, str.lower)
+        return parse_member(cls, value, what, str.lower)
 
 
 class EmbeddingType(str, enum.Enum):
@@ -214,7 +214,7 @@ class EmbeddingType(str, enum.Enum):
         Raises:
             OptionError: another value (names ``what``, the value and the allowed values).
         """
-        return _member(cls, value, what, str.lower)
+        return parse_member(cls, value, what, str.lower)
 
     def element_bytes(self, dimension: int) -> int:
         """Bytes of one ``EMBEDDING`` element holding a ``dimension``-value vector."""
@@ -283,6 +283,35 @@ def parse_flag(value: Any, what: str = ALLOW_EMPTY) -> bool:
     if text in _FALSE:
         return False
     raise OptionError(what, value, "true or false", "must be true or false")
+
+
+def check_known(parameters: Mapping[str, Any], names: tuple[str, ...]) -> None:
+    """Refuse request parameters that are not options of this service.
+
+    Args:
+        parameters: a request's KServe v2 parameters.
+        names: the options the model takes; keys in :data:`RESERVED` or starting with
+            ``triton_`` (Triton's own) are always allowed.
+
+    Raises:
+        ValueError: names at most three unknown keys and lists ``names``.
+    """
+    unknown = sorted(
+        str(k)
+        for k in parameters
+        if k not in names and k not in RESERVED and not str(k).startswith("triton_")
+    )
+    if not unknown:
+        return
+    listed = ", ".join(quote(k) for k in unknown[:3]) + (
+        f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+    )
+    one = len(unknown) == 1
+    what = "parameter {} is not an option" if one else "parameters {} are not options"
+    fix = "remove it or fix its spelling" if one else "remove them or fix their spelling"
+    raise ValueError(
+        f"request {what.format(listed)} of this service; the options are {', '.join(names)}; {fix}"
+    )
 
 
 @dataclass(frozen=True)
@@ -375,22 +404,7 @@ class RequestOptions:
                 with ``request parameter <name>=<value>`` and lists the allowed values), or a
                 key is not an option of this service (the message names it and the options).
         """
-        unknown = sorted(
-            str(k)
-            for k in parameters
-            if k not in NAMES and k not in RESERVED and not str(k).startswith("triton_")
-        )
-        if unknown:
-            listed = ", ".join(quote(k) for k in unknown[:3]) + (
-                f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
-            )
-            one = len(unknown) == 1
-            what = "parameter {} is not an option" if one else "parameters {} are not options"
-            fix = "remove it or fix its spelling" if one else "remove them or fix their spelling"
-            raise ValueError(
-                f"request {what.format(listed)} of this service; "
-                f"the options are {', '.join(NAMES)}; {fix}"
-            )
+        check_known(parameters, NAMES)
         try:
             return cls(**{name: parameters[name] for name in NAMES if name in parameters})
         except OptionError as exc:

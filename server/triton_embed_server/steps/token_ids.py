@@ -17,7 +17,7 @@ from triton_embed_server.steps.errors import InvalidTokenIdsError, TooMuchWorkEr
 
 
 def validate_token_ids(
-    token_ids: Sequence[int], index: int, vocab_size: int, max_length: int
+    token_ids: Sequence[int], index: int, vocab_size: int, max_length: int, what: str = "text"
 ) -> None:
     """Reject token IDs the engine must never see.
 
@@ -26,6 +26,7 @@ def validate_token_ids(
         index: the text's position in its request (named in the error).
         vocab_size: the model's vocabulary size; IDs must be in ``[0, vocab_size)``.
         max_length: the most token IDs the model accepts.
+        what: what one sequence is, in the message (``text``; ``pair`` for a reranker).
 
     Raises:
         InvalidTokenIdsError: empty, longer than ``max_length``, or an ID outside
@@ -33,10 +34,10 @@ def validate_token_ids(
     """
     n = len(token_ids)
     if n == 0:
-        raise InvalidTokenIdsError(f"text {index} has no token IDs; send at least one token")
+        raise InvalidTokenIdsError(f"{what} {index} has no token IDs; send at least one token")
     if n > max_length:
         raise InvalidTokenIdsError(
-            f"text {index} has {n} token IDs; the model accepts {max_length}; truncate it "
+            f"{what} {index} has {n} token IDs; the model accepts {max_length}; truncate it "
             "(the tokenizer step does this with truncation=END or START)"
         )
     arr = np.asarray(token_ids)
@@ -44,7 +45,7 @@ def validate_token_ids(
     if bad.size:
         pos = int(bad[0])
         raise InvalidTokenIdsError(
-            f"text {index} has token ID {int(arr[pos])} at position {pos}, outside the "
+            f"{what} {index} has token ID {int(arr[pos])} at position {pos}, outside the "
             f"vocabulary [0, {vocab_size}); send IDs from this model's tokenizer"
         )
 
@@ -120,6 +121,65 @@ def decode_request_token_ids(
         out.append(ids)
         out_windows.append(windows)
     return out, out_windows
+
+
+def decode_pair_token_ids(
+    payloads: Sequence[bytes],
+    segment_starts: Sequence[int] | None,
+    vocab_size: int,
+    max_length: int,
+    max_request_tokens: int | None = None,
+) -> tuple[list[list[int]], list[int]]:
+    """Decode and validate one request's ``TOKEN_IDS`` and ``SEGMENT_START`` (a reranker's pairs).
+
+    Args:
+        payloads: one ``TOKEN_IDS`` element per pair (little-endian int32).
+        segment_starts: one ``SEGMENT_START`` value per pair (the index of its first
+            segment-1 token, 0 for none), or ``None``: every pair is segment 0.
+        vocab_size: see :func:`validate_token_ids`.
+        max_length: the most token IDs of one pair.
+        max_request_tokens: the most token IDs of the whole request (``None``: no limit).
+
+    Returns:
+        Per pair, its token IDs, and its segment start.
+
+    Raises:
+        TooMuchWorkError: the request holds more than ``max_request_tokens`` token IDs.
+        InvalidTokenIdsError: a payload is not whole int32 values, fails
+            :func:`validate_token_ids`, or a segment start is outside ``[0, tokens)``, or
+            ``SEGMENT_START`` has another count than ``TOKEN_IDS`` (names the pair).
+    """
+    from triton_embed.codec import decode_token_ids
+
+    if max_request_tokens is not None:
+        total = sum(len(p) for p in payloads) // 4
+        if total > max_request_tokens:
+            raise TooMuchWorkError(
+                f"the request has {total} token IDs, over the scorer's budget of "
+                f"{max_request_tokens} per request (parameter max_request_tokens); send "
+                "fewer pairs per request"
+            )
+    if segment_starts is not None and len(segment_starts) != len(payloads):
+        raise InvalidTokenIdsError(
+            f"SEGMENT_START has {len(segment_starts)} elements for {len(payloads)} TOKEN_IDS "
+            "elements; send one per pair, or leave SEGMENT_START out"
+        )
+    out, starts = [], []
+    for i, payload in enumerate(payloads):
+        try:
+            ids = decode_token_ids(payload)
+        except ValueError as exc:
+            raise InvalidTokenIdsError(f"pair {i}: {exc}") from None
+        validate_token_ids(ids, i, vocab_size, max_length, what="pair")
+        start = 0 if segment_starts is None else int(segment_starts[i])
+        if not 0 <= start < len(ids):
+            raise InvalidTokenIdsError(
+                f"pair {i} has SEGMENT_START {start} outside its {len(ids)} token IDs; send "
+                "the index of the document's first token, or 0 for no segment ids"
+            )
+        out.append(ids)
+        starts.append(start)
+    return out, starts
 
 
 def _check_windows(windows: list[tuple[int, int, int]], total: int, index: int) -> None:

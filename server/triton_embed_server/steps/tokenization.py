@@ -180,7 +180,7 @@ class TextTokenizer:
 
     def __init__(self, config: TokenizerConfig):
         self.config = config
-        self._backend = _plain_backend(config.model_path / "tokenizer.json")
+        self._backend = plain_backend(config.model_path / "tokenizer.json")
         self.vocab_size = self._backend.get_vocab_size(with_added_tokens=True)
         self.prefix, self.suffix = _special_tokens_around(self._backend)
         self.body_budget = config.max_length - len(self.prefix) - len(self.suffix)
@@ -383,7 +383,7 @@ def _prompt_token_count(encoding, prompt_chars: int) -> int:
     return count
 
 
-def _plain_backend(path: Path):
+def plain_backend(path: Path):
     """The ``tokenizers.Tokenizer`` of ``path`` (a ``tokenizer.json``), truncation and padding off.
 
     Read with the Rust ``tokenizers`` library alone, as Text Embeddings Inference does: no

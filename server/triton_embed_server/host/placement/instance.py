@@ -34,7 +34,7 @@ from triton_embed_server.host.placement.slicing import cpu_slice
 from triton_embed_server.host.topology import SYSFS_NODE_ROOT, format_cpu_list
 
 if TYPE_CHECKING:
-    from triton_embed_server.steps.config import EmbedderConfig
+    from triton_embed_server.steps.engine_config import EngineConfig
 
 #: Computes this host's plan: ``(kind, instances per device, allowed CPUs) -> plan dict``.
 AutoPlan = Callable[[str, int, Sequence[int]], Mapping[str, Any]]
@@ -188,7 +188,7 @@ def plan_entry(
 
 
 def decide_placement(
-    config: EmbedderConfig,
+    config: EngineConfig,
     kind: str,
     index: int,
     device_id: int = 0,

@@ -29,15 +29,20 @@ LEGACY_NAME = "embed"
 STEPS = ("tokenizer", "embedder")
 
 
-def step_names(name: str) -> tuple[str, str]:
-    """The tokenizer and embedder step names of the ensemble ``name``.
+#: Model kind -> the name suffix of its engine step (``repository add``'s naming rule).
+ENGINE_STEPS = {"embedding": "embedder", "reranker": "scorer"}
 
-    ``NAME_tokenizer`` and ``NAME_embedder``; the shipped ``embed`` keeps ``tokenizer`` and
+
+def step_names(name: str, kind: str = "embedding") -> tuple[str, str]:
+    """The tokenizer and engine step names of the ensemble ``name`` of ``kind``.
+
+    ``NAME_tokenizer`` and ``NAME_embedder`` (an embedding model) or ``NAME_scorer`` (a
+    reranker, :data:`ENGINE_STEPS`); the shipped ``embed`` keeps ``tokenizer`` and
     ``embedder``. ``triton-embed repository add`` names them so.
     """
-    if name == LEGACY_NAME:
+    if name == LEGACY_NAME and kind == "embedding":
         return STEPS
-    return f"{name}_tokenizer", f"{name}_embedder"
+    return f"{name}_tokenizer", f"{name}_{ENGINE_STEPS[kind]}"
 
 
 def _failed(action: str, name: str, exc: BaseException, url: str) -> EmbedClientError:
@@ -69,13 +74,14 @@ def load_model(
         EmbedClientError: the server could not load it (an unknown model, a failing
             ``initialize``: Triton's message), or could not be reached.
     """
-    before = {m: _ready(grpc_client, m) for m in step_names(name)}
+    candidates = {step for kind in ENGINE_STEPS for step in step_names(name, kind)}
+    before = {m: _ready(grpc_client, m) for m in sorted(candidates)}
     try:
         grpc_client.load_model(name, headers=headers, client_timeout=timeout_s)
     except Exception as exc:  # tritonclient / grpc errors
         error = _failed("load", name, exc, url)
-        # A step that loaded for this failed ensemble holds its memory (an embedder holds a
-        # vLLM engine) and serves nothing: unload it.
+        # A step that loaded for this failed ensemble holds its memory (an embedder or a
+        # scorer holds a vLLM engine) and serves nothing: unload it.
         for step, was_ready in before.items():
             if not was_ready and _ready(grpc_client, step):
                 try:
@@ -153,12 +159,13 @@ def _steps(grpc_client: Any, name: str, headers: dict[str, str] | None) -> list[
     """The step models of ensemble ``name``: from its live config, else by the naming rule.
 
     A model that is not loaded has no live config; :func:`step_names` then names what
-    ``repository add`` wrote. A model that is not an ensemble has no steps.
+    ``repository add`` would have written, for either kind. A model that is not an ensemble
+    has no steps.
     """
     try:
         config = grpc_client.get_model_config(name, headers=headers, as_json=True)["config"]
     except Exception:  # not loaded (or unknown): the naming rule
-        return list(step_names(name))
+        return sorted({step for kind in ENGINE_STEPS for step in step_names(name, kind)})
     return [s["model_name"] for s in config.get("ensemble_scheduling", {}).get("step", [])]
 
 

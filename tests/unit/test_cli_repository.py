@@ -111,12 +111,12 @@ def test_a_second_model_lists_beside_the_first(tmp_path, capsys, mini):
     code, out, err = run(capsys, "repository", "list", "--repository", str(repository))
     assert (code, err) == (0, "")
     assert [line.split() for line in out.splitlines()] == [
-        ["NAME", "DEVICE", "DTYPE", "QUANTIZATION", "INSTANCES", "DIM", "POOLING", "NORMALIZE",
-         "DIMENSIONS", "MAX_LENGTH", "PROMPTS", "STEPS", "MODEL_PATH"],
-        ["embed", "cpu", "float32", "none", "2", "384", "mean", "true", "384", "256", "-",
-         "tokenizer,embedder", DEFAULT_MODEL],
-        ["mini", "gpu", "float16", "none", "4", "384", "mean", "true", "64,128,384", "256", "-",
-         "mini_tokenizer,mini_embedder", str(mini.resolve())],
+        ["NAME", "KIND", "DEVICE", "DTYPE", "QUANTIZATION", "INSTANCES", "DIM", "POOLING",
+         "NORMALIZE", "DIMENSIONS", "MAX_LENGTH", "PROMPTS", "STEPS", "MODEL_PATH"],
+        ["embed", "embedding", "cpu", "float32", "none", "2", "384", "mean", "true", "384",
+         "256", "-", "tokenizer,embedder", DEFAULT_MODEL],
+        ["mini", "embedding", "gpu", "float16", "none", "4", "384", "mean", "true", "64,128,384",
+         "256", "-", "mini_tokenizer,mini_embedder", str(mini.resolve())],
     ]  # fmt: skip
 
     code, out, err = run(capsys, "repository", "list", "--repository", str(repository), "--json")
@@ -126,6 +126,7 @@ def test_a_second_model_lists_beside_the_first(tmp_path, capsys, mini):
     assert listed[1] == {
         "name": "mini",
         "steps": ["mini_tokenizer", "mini_embedder"],
+        "kind": "embedding",
         "model_path": str(mini.resolve()),
         "device": "gpu",
         "instances": 4,
@@ -153,7 +154,7 @@ def test_list_shows_a_broken_model_with_its_error_and_an_empty_repository(tmp_pa
     repository.mkdir()
     assert run(capsys, "repository", "list", "--repository", str(repository)) == (
         0,
-        f"no embedding models in {repository}\n",
+        f"no embedding models or rerankers in {repository}\n",
         "",
     )
     assert run(capsys, "repository", "list", "--repository", str(repository), "--json")[1] == (

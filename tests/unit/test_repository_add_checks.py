@@ -50,7 +50,7 @@ def test_a_hostile_served_model_name_is_refused_and_nothing_is_written(capsys, t
     assert out == ""
     assert list(repo.iterdir()) == [], "refused before the repository was touched"
     code, out, _ = run(capsys, "repository", "list", "--repository", str(repo))
-    assert code == 0 and out.strip() == f"no embedding models in {repo}"
+    assert code == 0 and out.strip() == f"no embedding models or rerankers in {repo}"
 
 
 def test_a_very_long_name_is_quoted_by_a_bounded_prefix(capsys, tmp_path):

@@ -75,8 +75,13 @@ def test_the_step_models_are_precompiled(repo):
 
 
 def test_the_package_reads_the_shipped_files_themselves():
-    """One text: the package data are links to model_repository/, not copies of it."""
+    """One text: the package data are links to model_repository/, not copies of it.
+
+    ``reranker/`` holds the reranker's own templates: no reranker ships in model_repository/.
+    """
     for template in gen.TEMPLATES.iterdir():
+        if template.name == "reranker":
+            continue
         assert template.is_symlink(), template.name
         assert Path(template).resolve().is_relative_to(MODEL_REPOSITORY), template.name
 
@@ -320,9 +325,9 @@ def test_replace_refuses_a_folder_that_is_not_ours(repo, mini):
     (foreign / "config.pbtxt").write_text('name: "mine"\nplatform: "ensemble"\n')
     message = refused(repo, ModelOptions(name="mine", model=str(mini)), replace=True)
     assert message == (
-        f"{foreign} is not an embedding model of triton-embed: its steps (none) are not a "
-        "tokenizer and an embedder whose 1/model.py imports triton_embed_server.steps.adapters; "
-        "not replacing it"
+        f"{foreign} is not a model of triton-embed: its steps (none) are not a tokenizer and an "
+        "embedder (or a pair tokenizer and a scorer) whose 1/model.py imports "
+        "triton_embed_server.steps.adapters; not replacing it"
     )
 
 
@@ -361,6 +366,7 @@ def test_list_describes_each_model_and_lists_a_broken_one_with_its_error(repo, m
     assert embed.to_json() == {
         "name": "embed",
         "steps": ["tokenizer", "embedder"],
+        "kind": "embedding",
         "model_path": DEFAULT_MODEL,
         "device": "cpu",
         "instances": 2,
@@ -396,7 +402,7 @@ def test_list_describes_each_model_and_lists_a_broken_one_with_its_error(repo, m
     shutil.rmtree(repo / "mini_tokenizer")
     broken = gen.list_models(repo)[1]
     assert broken.name == "mini" and broken.steps == ("mini_tokenizer", "mini_embedder")
-    assert "is not an embedding model of triton-embed" in broken.error
+    assert "is not a model of triton-embed" in broken.error
 
 
 def test_list_of_steps_that_disagree_names_the_parameter(repo):
@@ -417,16 +423,16 @@ def test_the_table_has_a_row_per_model(repo, mini):
     add_mini(repo, mini)
     lines = gen.format_table(gen.list_models(repo)).splitlines()
     assert lines[0].split() == [
-        "NAME", "DEVICE", "DTYPE", "QUANTIZATION", "INSTANCES", "DIM", "POOLING", "NORMALIZE",
-        "DIMENSIONS", "MAX_LENGTH", "PROMPTS", "STEPS", "MODEL_PATH",
+        "NAME", "KIND", "DEVICE", "DTYPE", "QUANTIZATION", "INSTANCES", "DIM", "POOLING",
+        "NORMALIZE", "DIMENSIONS", "MAX_LENGTH", "PROMPTS", "STEPS", "MODEL_PATH",
     ]  # fmt: skip
     assert lines[1].split() == [
-        "embed", "cpu", "bfloat16", "none", "2", "384", "mean", "true", "384", "256", "-",
-        "tokenizer,embedder", DEFAULT_MODEL,
+        "embed", "embedding", "cpu", "bfloat16", "none", "2", "384", "mean", "true", "384",
+        "256", "-", "tokenizer,embedder", DEFAULT_MODEL,
     ]  # fmt: skip
     assert lines[2].split() == [
-        "mini", "gpu", "float16", "none", "4", "384", "mean", "true", "64,128,384", "256", "-",
-        "mini_tokenizer,mini_embedder", str(mini.resolve()),
+        "mini", "embedding", "gpu", "float16", "none", "4", "384", "mean", "true", "64,128,384",
+        "256", "-", "mini_tokenizer,mini_embedder", str(mini.resolve()),
     ]  # fmt: skip
     assert lines[0].index("DEVICE") == lines[1].index("cpu") == lines[2].index("gpu")
 

@@ -5,9 +5,9 @@ vLLM's CPU worker binds each engine's memory to the NUMA node of its first CPU
 when its KV cache is more than that node's available memory. On a host whose node holds a
 fraction of the RAM, several engines on one node then fail one by one, late, with a
 message that names neither the model nor the need. This module adds up, per node, what
-every ``KIND_CPU`` embedder instance of the model repositories will hold there, and
-compares it with what the node has available, before any engine starts (like the
-``/dev/shm`` check, :mod:`triton_embed_server.host.shm`).
+every ``KIND_CPU`` engine instance (embedder or reranker scorer) of the model
+repositories will hold there, and compares it with what the node has available, before any
+engine starts (like the ``/dev/shm`` check, :mod:`triton_embed_server.host.shm`).
 
 One engine's need: ``kv_cache_bytes`` (:mod:`triton_embed_server.steps.kv_cache`, as its config
 says) + its weights at the engine's dtype (the ``*.safetensors`` files, else ``*.bin``,
@@ -55,10 +55,10 @@ class NodeMemoryError(RuntimeError):
 
 @dataclass(frozen=True)
 class EngineNeed:
-    """What one ``KIND_CPU`` embedder instance holds on its node.
+    """What one ``KIND_CPU`` engine instance (embedder or scorer) holds on its node.
 
     Attributes:
-        model: the embedder model's name.
+        model: the engine step model's name.
         instance: its index in the instance group.
         node: the NUMA node its memory is bound to (None: the host has no NUMA information).
         kv_cache_bytes: its KV-cache budget.
@@ -170,10 +170,11 @@ def engine_needs(
     numa_root: Path = SYSFS_NODE_ROOT,
     auto_plan: Callable | None = None,
 ) -> list[EngineNeed]:
-    """Every ``KIND_CPU`` embedder instance of the repositories, with its node and need.
+    """Every ``KIND_CPU`` engine instance of the repositories, with its node and need.
 
     Args:
-        repositories: model repositories (every model whose ``1/model.py`` is our embedder).
+        repositories: model repositories (every model whose ``1/model.py`` is our embedder
+            or scorer).
         config_name: ``--model-config-name``, if given.
         allowed_cpus: the CPUs the server may use (None: this process's).
         numa_root: the sysfs NUMA folder.
@@ -189,6 +190,9 @@ def engine_needs(
     from triton_embed_server.models.instance_group import read_config_pbtxt
     from triton_embed_server.models.repository.layout import step_kind
     from triton_embed_server.steps.config import EmbedderConfig
+    from triton_embed_server.steps.rerank_config import ScorerConfig
+
+    engine_configs = {"embedder": EmbedderConfig, "scorer": ScorerConfig}
 
     if auto_plan is None:
         from triton_embed_server.host.doctor import host_plan
@@ -205,14 +209,15 @@ def engine_needs(
             path = model_config_path(folder, config_name)
             if folder.name.startswith(".") or not path.is_file():
                 continue
-            if step_kind(folder) != "embedder":
+            engine_config = engine_configs.get(step_kind(folder) or "")
+            if engine_config is None:
                 continue
             config = read_config_pbtxt(path)
             groups = config.get("instance_group") or [{}]
             if any(g.get("kind", "KIND_CPU") != "KIND_CPU" for g in groups):
                 continue
             try:
-                emb = EmbedderConfig.from_model_config(config, repository)
+                emb = engine_config.from_model_config(config, repository)
             except ValueError as exc:
                 raise ValueError(f"{folder}: {exc}") from None
             kv = int(emb.llm_kwargs().get("kv_cache_memory_bytes") or 0)

@@ -102,6 +102,10 @@ QWEN3_TEMPLATE = DecoderTemplate(
 )
 
 
+#: The config parameters of a reranker's spec, in both steps (:meth:`RerankerSpec.parameters`).
+SPEC_KEYS = ("family", "architecture", "activation", "segments", "model_max_length")
+
+
 @dataclass(frozen=True)
 class RerankerSpec:
     """A reranker's serving facts.
@@ -119,6 +123,19 @@ class RerankerSpec:
     activation: Activation
     segments: bool
     max_length: int
+
+    def parameters(self) -> dict[str, str]:
+        """The spec as the steps' config parameters (:data:`SPEC_KEYS`).
+
+        What ``repository add`` writes into both steps and the steps read back.
+        """
+        return {
+            "family": self.family.value,
+            "architecture": self.architecture,
+            "activation": self.activation.value,
+            "segments": "true" if self.segments else "false",
+            "model_max_length": str(self.max_length),
+        }
 
     @property
     def template(self) -> DecoderTemplate | None:

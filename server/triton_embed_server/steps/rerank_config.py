@@ -16,6 +16,7 @@ from typing import Any
 from triton_embed.serving_limits import REQUEST_TEXTS, request_token_budget
 
 from triton_embed_server.models.reranker_spec import (
+    SPEC_KEYS,
     Activation,
     Family,
     RerankerSpec,
@@ -29,9 +30,6 @@ from triton_embed_server.steps.engine_config import (
     Params,
     StepConfig,
 )
-
-#: The reranker spec parameters ``repository add`` writes into both steps' configs.
-SPEC_KEYS = ("family", "architecture", "activation", "segments", "model_max_length")
 
 
 def reranker_spec(p: Params, path: Path) -> RerankerSpec:

@@ -12,6 +12,7 @@ Triton 2.51 reloads a model whose folder gained a ``__pycache__`` after loading)
 
 from __future__ import annotations
 
+import functools
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -29,6 +30,8 @@ from triton_embed_server.models.repository.names import (
 )
 from triton_embed_server.models.repository.remove import removable
 from triton_embed_server.models.repository.render import DEVICES, DTYPES, ModelOptions, render
+from triton_embed_server.models.repository.render_reranker import render_reranker
+from triton_embed_server.models.reranker_spec import is_cross_encoder, read_reranker_spec
 from triton_embed_server.models.spec import (
     ModelFolderError,
     ModelSpec,
@@ -36,6 +39,7 @@ from triton_embed_server.models.spec import (
     parse_dimension_list,
 )
 from triton_embed_server.steps.config import MIN_MAX_LENGTH, EmbedderConfig
+from triton_embed_server.steps.rerank_config import ScorerConfig
 from triton_embed_server.steps.vectors import Pooling
 
 #: ``check(folder, spec, dtype, max_length)``: raises ``ValueError`` to refuse a precision.
@@ -87,6 +91,8 @@ def add_model(
         if value is not None and value < low:
             raise RepositoryError(f"{flag} must be >= {low}, got {value}")
     model_path, folder = _model_folder(options.model)
+    if _kind(options, folder) == "reranker":
+        return _add_reranker(repository, options, model_path, folder, replace)
     try:
         spec = read_model_spec(folder, _overrides(options))
     except ModelFolderError as exc:
@@ -129,6 +135,83 @@ def add_model(
     return [repository / name, repository / tokenizer, repository / embedder]
 
 
+#: ``repository add`` flags of embedding models only, by ``ModelOptions`` field.
+_EMBEDDING_ONLY = {
+    "pooling": "--pooling",
+    "normalize": "--normalize",
+    "dimensions": "--dimensions",
+    "max_chunks": "--max-chunks",
+}
+
+
+def _kind(options: ModelOptions, folder: Path) -> str:
+    """``embedding`` or ``reranker``: ``--kind``, else what the folder is.
+
+    Raises:
+        RepositoryError: an unknown ``--kind``, a cross-encoder asked to embed, or a
+            folder without a readable ``config.json``.
+    """
+    if options.kind not in ("", "embedding", "reranker"):
+        raise RepositoryError(f"--kind {options.kind!r} is not one of embedding, reranker")
+    try:
+        cross_encoder = is_cross_encoder(folder)
+    except ModelFolderError as exc:
+        raise RepositoryError(f"--model {options.model}: {exc}") from None
+    if cross_encoder and options.kind == "embedding":
+        raise RepositoryError(
+            f"--model {options.model} is a cross-encoder (*ForSequenceClassification): it "
+            "scores pairs and has no embeddings; add it as a reranker (leave --kind out)"
+        )
+    return "reranker" if cross_encoder or options.kind == "reranker" else "embedding"
+
+
+def _add_reranker(
+    repository: Path, options: ModelOptions, model_path: str, folder: Path, replace: bool
+) -> list[Path]:
+    """Write a reranker's three models (``add_model`` for a reranker folder).
+
+    Raises:
+        RepositoryError: an embedding-only flag, a reduced precision on ``cpu`` (not gated
+            for rerankers), or a folder that is no reranker (names the file).
+    """
+    defaults = ModelOptions(name=options.name, model=options.model)
+    for field_name, flag in _EMBEDDING_ONLY.items():
+        if getattr(options, field_name) != getattr(defaults, field_name):
+            raise RepositoryError(
+                f"{flag} is for embedding models; {options.model} is a reranker (docs/rerank.md)"
+            )
+    if options.device == "cpu" and options.dtype not in ("", "float32"):
+        raise RepositoryError(
+            f"--dtype {options.dtype} on cpu is not offered for rerankers yet (the accuracy "
+            "gate measures embeddings); leave --dtype out for float32"
+        )
+    try:
+        spec = read_reranker_spec(folder, decoder=not is_cross_encoder(folder))
+    except ModelFolderError as exc:
+        raise RepositoryError(f"--model {options.model}: {exc}") from None
+    if options.max_length > spec.max_length or 0 < options.max_length < MIN_MAX_LENGTH:
+        raise RepositoryError(
+            f"--max-length {options.max_length} must be in [{MIN_MAX_LENGTH}, "
+            f"{spec.max_length}] (the model's own limit, {folder}); or 0 for the model's own"
+        )
+    files = render_reranker(
+        options,
+        model_path,
+        spec,
+        served_model_name=options.served_model_name or _served_name(folder),
+        resolved_max_length=options.max_length or spec.max_length,
+        kv_cache_bytes=functools.partial(_kv_cache_bytes, config=ScorerConfig),
+    )
+    name = options.name
+    tokenizer, scorer = step_names(name, "reranker")
+    replaced = _check_free(repository, name, replace, "reranker")
+    repository.mkdir(parents=True, exist_ok=True)
+    _install(repository, files, [tokenizer, scorer, name], replaced)
+    for step in (tokenizer, scorer):
+        precompile(repository / step)
+    return [repository / name, repository / tokenizer, repository / scorer]
+
+
 def _overrides(options: ModelOptions) -> SpecParameters:
     """The operator's ``--pooling`` / ``--normalize`` / ``--dimensions``, parsed once.
 
@@ -166,8 +249,8 @@ def memory_warnings(repository: Path) -> list[str]:
     return [node_memory.too_small_message(mem, ns) for mem, ns in short]
 
 
-def _kv_cache_bytes(config_text: str) -> int:
-    """The KV-cache budget the server computes for a rendered embedder config (``auto``).
+def _kv_cache_bytes(config_text: str, config: type = EmbedderConfig) -> int:
+    """The KV-cache budget the server computes for a rendered engine step's config (``auto``).
 
     Raises:
         RepositoryError: the model folder's ``config.json`` does not tell the KV sizes.
@@ -176,9 +259,9 @@ def _kv_cache_bytes(config_text: str) -> int:
     from tritonclient.grpc import model_config_pb2
 
     message = text_format.Parse(config_text, model_config_pb2.ModelConfig())
-    config = json_format.MessageToDict(message, preserving_proto_field_name=True)
+    parsed = json_format.MessageToDict(message, preserving_proto_field_name=True)
     try:
-        return EmbedderConfig.from_model_config(config).kv_cache_budget
+        return config.from_model_config(parsed).kv_cache_budget
     except ValueError as exc:
         raise RepositoryError(f"kv_cache_bytes: {exc}") from None
 
@@ -216,7 +299,7 @@ def _model_folder(model: str) -> tuple[str, Path]:
     return str(folder), folder
 
 
-def _check_free(repository: Path, name: str, replace: bool) -> set[str]:
+def _check_free(repository: Path, name: str, replace: bool, kind: str = "embedding") -> set[str]:
     """The folders ``add`` may overwrite (with ``replace``: the old model's three).
 
     Raises:
@@ -232,7 +315,7 @@ def _check_free(repository: Path, name: str, replace: bool) -> set[str]:
             )
         replaced = set(removable(repository, name, what="replacing"))
     users = step_users(repository)
-    for step in step_names(name):
+    for step in step_names(name, kind):
         if step in replaced or not (repository / step).exists():
             continue
         owner = users.get(step)

@@ -37,11 +37,13 @@ actions and their flags:
   add     --repository DIR --model PATH --name NAME [--instances N] [--device cpu|gpu]
           [--max-length N] [--pooling mean|cls|lasttoken] [--normalize | --no-normalize]
           [--dimensions any|LIST] [--max-chunks N] [--served-model-name NAME] [--replace]
-          [--dtype float32|bfloat16|float16] [--accept-accuracy]
+          [--dtype float32|bfloat16|float16] [--accept-accuracy] [--kind embedding|reranker]
           write the ensemble NAME and its steps NAME_tokenizer and NAME_embedder (the
-          ensemble embed keeps the steps tokenizer and embedder) from the model folder PATH
+          ensemble embed keeps the steps tokenizer and embedder) from the model folder PATH;
+          a reranker (a cross-encoder folder, or a causal LM with --kind reranker) gets the
+          steps NAME_tokenizer and NAME_scorer (docs/rerank.md)
   list    --repository DIR [--json]
-          the embedding models of the repository and what their folders say
+          the embedding models and rerankers of the repository and what their folders say
   remove  --repository DIR --name NAME [--url HOST:PORT]
           delete the ensemble NAME and its two steps; with --url, unload it first
   load    --name NAME [--url HOST:PORT]    (or: load NAME)
@@ -57,7 +59,7 @@ REPOSITORY_FLAGS = {
     "add": (
         {"repository", "model", "name"},
         {"instances", "device", "max_length", "pooling", "normalize", "dimensions"}
-        | {"max_chunks", "served_model_name", "replace", "dtype", "accept_accuracy"},
+        | {"max_chunks", "served_model_name", "replace", "dtype", "accept_accuracy", "kind"},
     ),
     "list": ({"repository"}, {"json"}),
     "remove": ({"repository", "name"}, _CONNECTION),
@@ -153,6 +155,13 @@ def add_repository_args(r: argparse.ArgumentParser) -> None:
         "checked against float32 on real text first (the accuracy gate; docs/precision.md)",
     )
     r.add_argument(
+        "--kind",
+        choices=("embedding", "reranker"),
+        help="add: what the model is (default: a *ForSequenceClassification folder is a "
+        "reranker, anything else an embedding model); reranker on a causal LM of the "
+        "Qwen3-Reranker kind serves it as a decoder reranker",
+    )
+    r.add_argument(
         "--accept-accuracy",
         action="store_true",
         default=None,
@@ -234,7 +243,7 @@ def run_repository(args: argparse.Namespace) -> None:
         elif models:
             print(format_table(models))
         else:
-            print(f"no embedding models in {args.repository}")
+            print(f"no embedding models or rerankers in {args.repository}")
     elif args.action == "remove":
         removable(args.repository, args.name)  # refuse before unloading anything
         if args.url is not None:
@@ -254,6 +263,7 @@ def run_repository(args: argparse.Namespace) -> None:
             "max_chunks": args.max_chunks,
             "served_model_name": args.served_model_name,
             "dtype": args.dtype,
+            "kind": args.kind,
         }
         options = ModelOptions(
             name=args.name,

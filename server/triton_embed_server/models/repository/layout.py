@@ -1,7 +1,8 @@
-"""Which folders of a model repository are the models of an embedding model of ours.
+"""Which folders of a model repository are the models of an embedding model or reranker of ours.
 
-An ensemble is ours when its two steps are a tokenizer and an embedder whose ``1/model.py``
-imports this package's adapter (``from triton_embed_server.steps.adapters.<step> import
+An ensemble is ours when its two steps are a tokenizer and an embedder (an embedding model)
+or a pair tokenizer and a scorer (a reranker) whose ``1/model.py`` imports this package's
+adapter (``from triton_embed_server.steps.adapters.<step> import
 TritonPythonModel``, as the template writes it). Configs are read with
 :func:`~triton_embed_server.models.instance_group.read_config_pbtxt` (protobuf text format).
 """
@@ -12,13 +13,16 @@ import re
 from pathlib import Path
 
 from triton_embed_server.models.instance_group import read_config_pbtxt
-from triton_embed_server.models.repository.names import STEPS, RepositoryError
+from triton_embed_server.models.repository.names import RepositoryError
+
+#: Model kind -> the adapters of its two steps, in ensemble order.
+KIND_STEPS = {"embedding": ("tokenizer", "embedder"), "reranker": ("pair_tokenizer", "scorer")}
 
 #: Prefix of the temporary folders that ``add`` and ``remove`` make inside a repository.
 TEMP_PREFIX = ".triton-embed-"
 # The line of a step's model.py that makes it one of ours, and which step it is.
 _ADAPTER_IMPORT = re.compile(
-    r"^from triton_embed_server\.steps\.adapters\.(tokenizer|embedder) "
+    r"^from triton_embed_server\.steps\.adapters\.(tokenizer|embedder|pair_tokenizer|scorer) "
     r"import TritonPythonModel\b",
     re.M,
 )
@@ -50,7 +54,7 @@ def step_users(repository: Path) -> dict[str, set[str]]:
 
 
 def step_kind(folder: Path) -> str | None:
-    """``tokenizer`` or ``embedder`` if ``folder/1/model.py`` is one of our adapters."""
+    """The adapter of ``folder/1/model.py`` if it is one of ours (a :data:`KIND_STEPS` step)."""
     try:
         found = _ADAPTER_IMPORT.search((folder / "1" / "model.py").read_text("utf-8"))
     except (OSError, UnicodeDecodeError):
@@ -58,17 +62,21 @@ def step_kind(folder: Path) -> str | None:
     return found.group(1) if found else None
 
 
-def our_steps(repository: Path, name: str, steps: list[str]) -> tuple[str, str]:
-    """(tokenizer, embedder) of the ensemble ``name`` whose steps are ``steps``.
+def our_steps(repository: Path, name: str, steps: list[str]) -> tuple[str, str, str]:
+    """``(kind, tokenizer step, engine step)`` of the ensemble ``name`` whose steps are ``steps``.
+
+    ``kind`` is ``embedding`` (a tokenizer and an embedder) or ``reranker`` (a pair tokenizer
+    and a scorer), :data:`KIND_STEPS`.
 
     Raises:
-        RepositoryError: the steps are not one tokenizer and one embedder of this project.
+        RepositoryError: the steps are not the two steps of one kind of this project.
     """
-    kinds = {step_kind(repository / step): step for step in steps}
-    if len(steps) != 2 or set(kinds) != set(STEPS):
-        raise RepositoryError(
-            f"{repository / name} is not an embedding model of triton-embed: its steps "
-            f"({', '.join(steps) or 'none'}) are not a tokenizer and an embedder whose "
-            "1/model.py imports triton_embed_server.steps.adapters"
-        )
-    return kinds["tokenizer"], kinds["embedder"]
+    kinds = tuple(step_kind(repository / step) for step in steps)
+    for kind, adapters in KIND_STEPS.items():
+        if kinds == adapters:
+            return kind, steps[0], steps[1]
+    raise RepositoryError(
+        f"{repository / name} is not a model of triton-embed: its steps "
+        f"({', '.join(steps) or 'none'}) are not a tokenizer and an embedder (or a pair "
+        "tokenizer and a scorer) whose 1/model.py imports triton_embed_server.steps.adapters"
+    )

@@ -1,4 +1,4 @@
-"""``repository list``: the embedding models of a repository and what their folders say."""
+"""``repository list``: the embedding models and rerankers of a repository, as their folders say."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from triton_embed_server.models.repository.layout import ensembles, our_steps
 from triton_embed_server.models.repository.names import RepositoryError, step_names
 from triton_embed_server.models.spec import SpecParameters
 from triton_embed_server.steps.config import EmbedderConfig, model_parameters
+from triton_embed_server.steps.rerank_config import ScorerConfig
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class ListedModel:
     Attributes:
         name: the ensemble.
         steps: its step models, tokenizer first when known.
+        kind: ``embedding`` or ``reranker``.
         model_path: the ``model_path`` parameter as written (``None`` when unreadable).
         device: ``cpu`` or ``gpu``: the kind of the embedder's ``instance_group``.
         instances: embedder instances (per GPU on ``gpu``).
@@ -36,12 +38,15 @@ class ListedModel:
             quantize``), ``none`` for float weights.
         max_length: the token budget per text in effect (the model's own when configured 0).
         spec: :meth:`~triton_embed_server.models.spec.ModelSpec.describe` of the folder, plus
-            ``allowed_dimensions`` (in words).
+            ``allowed_dimensions`` (in words); a reranker's: its family, architecture,
+            activation and segments (:meth:`~triton_embed_server.models.reranker_spec.
+            RerankerSpec.parameters`).
         error: why the model cannot be served as it stands, or ``None``.
     """
 
     name: str
     steps: tuple[str, ...]
+    kind: str = "embedding"
     model_path: str | None = None
     device: str | None = None
     instances: int | None = None
@@ -74,17 +79,17 @@ def list_models(repository: Path) -> list[ListedModel]:
     out = []
     for name, steps in ensembles(repository).items():
         try:
-            tokenizer, embedder = our_steps(repository, name, steps)
+            kind, tokenizer, embedder = our_steps(repository, name, steps)
         except RepositoryError as exc:
-            if tuple(steps) == step_names(name):
+            if tuple(steps) in (step_names(name), step_names(name, "reranker")):
                 out.append(ListedModel(name=name, steps=tuple(steps), error=str(exc)))
             continue
-        out.append(_describe(repository, name, tokenizer, embedder))
+        out.append(_describe(repository, name, kind, tokenizer, embedder))
     return out
 
 
-def _describe(repository: Path, name: str, tokenizer: str, embedder: str) -> ListedModel:
-    listed = ListedModel(name=name, steps=(tokenizer, embedder))
+def _describe(repository: Path, name: str, kind: str, tokenizer: str, embedder: str) -> ListedModel:
+    listed = ListedModel(name=name, steps=(tokenizer, embedder), kind=kind)
     try:
         tok = read_config_pbtxt(repository / tokenizer / "config.pbtxt")
         emb = read_config_pbtxt(repository / embedder / "config.pbtxt")
@@ -106,6 +111,20 @@ def _describe(repository: Path, name: str, tokenizer: str, embedder: str) -> Lis
                 f"{tok_params.get(key, '')!r}, {embedder}: {params.get(key, '')!r}); "
                 "they must be equal",
             )
+    if kind == "reranker":
+        try:
+            folder = resolve_model_path(params.get("model_path", ""), repository)
+            config = ScorerConfig.from_model_config(emb, repository)
+        except (OSError, ValueError) as exc:
+            return _with(listed, error=str(exc))
+        spec = config.spec
+        assert spec is not None  # noqa: S101 - ScorerConfig always reads it
+        return _with(
+            listed,
+            quantization=quantization_of(folder),
+            max_length=config.max_length,
+            spec=spec.parameters(),
+        )
     try:
         folder = resolve_model_path(params.get("model_path", ""), repository)
         spec = read_model_spec(folder, SpecParameters.parse(params, "parameter "))
@@ -126,6 +145,7 @@ def format_table(models: list[ListedModel]) -> str:
     """``repository list`` as a text table, one model per line (an error replaces columns)."""
     header = (
         "NAME",
+        "KIND",
         "DEVICE",
         "DTYPE",
         "QUANTIZATION",
@@ -143,15 +163,25 @@ def format_table(models: list[ListedModel]) -> str:
             rows.append((m.name, f"error: {m.error}"))
             continue
         s = m.spec
+        common = (
+            m.name,
+            m.kind,
+            str(m.device),
+            str(m.dtype),
+            str(m.quantization),
+            str(m.instances),
+        )
+        if m.kind == "reranker":
+            family = f"{s['family']} ({s['activation']})"
+            rows.append(
+                (*common, "-", family, "-", "-", str(m.max_length), "-", steps, str(m.model_path))
+            )
+            continue
         dims = s["dimensions"]
         allowed = "any" if dims == "any" else ",".join(map(str, sorted({*dims, s["dimension"]})))
         rows.append(
             (
-                m.name,
-                str(m.device),
-                str(m.dtype),
-                str(m.quantization),
-                str(m.instances),
+                *common,
                 str(s["dimension"]),
                 s["pooling"],
                 str(s["normalize"]).lower(),

@@ -1,4 +1,4 @@
-"""``repository remove``: an embedding model's ensemble and its two steps, nothing else."""
+"""``repository remove``: a model's ensemble and its two steps, nothing else."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from triton_embed_server.models.repository.names import RepositoryError, check_n
 
 
 def removable(repository: Path, name: str, what: str = "removing") -> tuple[str, str, str]:
-    """The model folders of the embedding model ``name``: ensemble, tokenizer, embedder.
+    """The model folders of the model ``name``: ensemble, tokenizer step, engine step.
 
     Args:
         repository: the model repository folder.
@@ -36,21 +36,21 @@ def removable(repository: Path, name: str, what: str = "removing") -> tuple[str,
             f'"ensemble"); not {what} it'
         )
     try:
-        tokenizer, embedder = our_steps(repository, name, found[name])
+        _, tokenizer, engine = our_steps(repository, name, found[name])
     except RepositoryError as exc:
         raise RepositoryError(f"{exc}; not {what} it") from None
-    for step in (tokenizer, embedder):
+    for step in (tokenizer, engine):
         others = sorted(e for e, steps in found.items() if step in steps and e != name)
         if others:
             raise RepositoryError(
                 f"{repository / step} is also a step of ensemble {others[0]!r}; not {what} "
                 f"{name!r} (remove {others[0]!r} first)"
             )
-    return name, tokenizer, embedder
+    return name, tokenizer, engine
 
 
 def remove_model(repository: Path, name: str) -> list[Path]:
-    """Delete the embedding model ``name``: its ensemble and its two steps.
+    """Delete the model ``name`` (an embedding model or a reranker): its ensemble and steps.
 
     The three folders are first moved together into a temporary folder of the repository,
     the ensemble first (a server polling the repository never sees it without its steps),

@@ -71,6 +71,9 @@ class ModelOptions:
         dtype: the engine's dtype (:data:`DTYPES` of ``device``) in the device's config;
             ``""``: the shipped config's (float32 on CPU, float16 on GPU). The GPU variant
             next to a CPU config keeps float16.
+        kind: ``embedding``, ``reranker`` or ``""``: what the folder is (a
+            ``*ForSequenceClassification`` folder is a reranker, anything else an embedding
+            model); ``reranker`` on a causal LM serves it as a decoder reranker.
     """
 
     name: str
@@ -84,6 +87,7 @@ class ModelOptions:
     max_chunks: int = DEFAULT_MAX_CHUNKS
     served_model_name: str = ""
     dtype: str = ""
+    kind: str = ""
 
 
 def _shipped(file: str) -> str:

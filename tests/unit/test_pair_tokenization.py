@@ -109,12 +109,23 @@ def test_max_document_tokens_cuts_the_document_first(bert_folder):
 def test_truncation_none_refuses_an_over_long_pair_and_keeps_the_others(bert_folder):
     tokenizer = PairTokenizer(config_for(bert_folder))
     pairs = long_pairs()
-    short, long = request(pairs[:1], truncation="none"), request(pairs[1:2], truncation="none")
+    over = (pairs[0][0], " ".join(fortune_texts(5, seed=6, max_chars=150)))  # < 1,024 characters
+    short, long = request(pairs[:1], truncation="none"), request([over], truncation="none")
     ok, refused = tokenizer.tokenize_requests([short, long])
     assert len(ok.token_ids) == 1
     assert isinstance(refused, TooLongError)
     assert str(refused).startswith(f"pair 0 has {refused_tokens(refused)} tokens; the model")
     assert "truncation=longest_first" in str(refused)
+
+
+def test_truncation_none_refuses_text_over_the_character_cap_before_tokenizing(bert_folder):
+    tokenizer = PairTokenizer(config_for(bert_folder))
+    cap = tokenizer.config.max_chars
+    (result,) = tokenizer.tokenize_requests([request([("q", "x " * cap)], truncation="none")])
+    assert isinstance(result, TooLongError)
+    assert str(result).startswith(
+        f"the document of pair 0 has {2 * cap} characters, over the {cap}-character cap"
+    )
 
 
 def refused_tokens(error) -> int:

@@ -24,12 +24,19 @@ from triton_embed_server.models.reranker_spec import (
     read_reranker_spec,
 )
 from triton_embed_server.steps.engine_config import (
-    CHARS_PER_TOKEN_CAP,
     MIN_MAX_LENGTH,
     EngineConfig,
     Params,
     StepConfig,
 )
+
+#: Characters of a query or a document kept per token of the pair's budget. A quarter of the
+#: embedder's cap (``CHARS_PER_TOKEN_CAP``, 64): a pair is cut to ``max_length`` tokens
+#: anyway, English prose takes 4-5 characters per token, and two texts per pair at 64 would
+#: make the tokenizer's shared-memory region 16 MiB for a 512-token model (64 pairs x 2 x
+#: 4 bytes x 32,768 characters) where 16 keeps it at 4 MiB
+#: (:mod:`triton_embed_server.host.shm.sizing`).
+PAIR_CHARS_PER_TOKEN = 16
 
 
 def reranker_spec(p: Params, path: Path) -> RerankerSpec:
@@ -63,7 +70,8 @@ class PairTokenizerConfig(StepConfig):
             ``max_length``; ``0``/absent: the model's own, :attr:`RerankerSpec.max_length`).
         spec: the reranker's facts (family, segments, template).
         max_chars: characters of a query or a document kept before tokenization (parameter
-            ``max_chars``; default ``64 * max_length``), bounding the cost of huge inputs.
+            ``max_chars``; default :data:`PAIR_CHARS_PER_TOKEN` ``* max_length``), bounding
+            the cost of huge inputs.
         max_request_tokens: the token budget of one request, all its pairs together
             (parameter ``max_request_tokens``; ``0``/absent:
             ``min(max_batch_size x max_length, 65,536)``).
@@ -85,7 +93,7 @@ class PairTokenizerConfig(StepConfig):
             model_path=path,
             max_length=max_length,
             spec=spec,
-            max_chars=p.int("max_chars", 0, minimum=0) or CHARS_PER_TOKEN_CAP * max_length,
+            max_chars=p.int("max_chars", 0, minimum=0) or PAIR_CHARS_PER_TOKEN * max_length,
             max_request_tokens=p.int("max_request_tokens", 0, minimum=0)
             or request_token_budget(pairs, max_length, 1),
         )

@@ -7,10 +7,11 @@ The init container of the chart's Triton pods runs this before the main containe
         --dest /models/repository --instances 4 --gpus 1 --hourly-price-usd 2.5 \
         --model-config-name gpu
 
-Every embedder step of this project in the repository (``embedder`` of the ``embed``
-ensemble, ``NAME_embedder`` of a model that ``triton-embed repository add`` wrote) gets, in
-the config the server loads (``configs/<name>.pbtxt`` with ``--model-config-name`` when the
-model has it, else ``config.pbtxt``):
+Every engine step of this project in the repository (``embedder`` of the ``embed``
+ensemble, ``NAME_embedder`` of a model that ``triton-embed repository add`` wrote, and
+``NAME_scorer`` of a reranker beside it, docs/rerank.md) gets, in the config the server
+loads (``configs/<name>.pbtxt`` with ``--model-config-name`` when the model has it, else
+``config.pbtxt``):
 
 * ``instance_group`` ``count``: ``--instances`` (per GPU on a ``KIND_GPU`` config, in the
   pod on a ``KIND_CPU`` one);
@@ -41,15 +42,18 @@ from triton_embed_server.models.instance_group import read_config_pbtxt
 from triton_embed_server.models.repository.copies import copy_repository, edit_config
 from triton_embed_server.models.repository.layout import ensembles, step_kind
 
+#: The steps that hold an engine (their ``instance_group`` count is the chart's).
+ENGINE_STEPS = ("embedder", "scorer")
 
-def embedder_steps(repository: Path) -> list[str]:
-    """The embedder steps of this project's ensembles in ``repository``, by name.
 
-    An embedder is a step folder whose ``1/model.py`` imports this project's embedder adapter
+def engine_steps(repository: Path) -> list[str]:
+    """The engine steps (embedders, rerankers' scorers) of this project's ensembles, by name.
+
+    A step folder whose ``1/model.py`` imports this project's embedder or scorer adapter
     (:func:`triton_embed_server.models.repository.layout.step_kind`).
     """
     steps = {s for members in ensembles(repository).values() for s in members}
-    return sorted(s for s in steps if step_kind(repository / s) == "embedder")
+    return sorted(s for s in steps if step_kind(repository / s) in ENGINE_STEPS)
 
 
 def render(
@@ -81,7 +85,7 @@ def render(
     if dest.exists():
         shutil.rmtree(dest)
     copy_repository(dest, source)
-    steps = embedder_steps(dest)
+    steps = engine_steps(dest)
     if not steps:
         raise ValueError(
             f"{source}: no embedding model of triton-embed (an ensemble whose steps import "

@@ -39,8 +39,16 @@ the model's ``max_batch_size``, the most elements one ``execute`` call receives:
 * ``embedder``: inputs ``B * (4 + 4 * max_length)`` (``TOKEN_IDS``); outputs
   ``B * (4 + 4 * dim)`` (``EMBEDDING``, float32), ``dim`` from the model folder
   (the embedder config's spec, :mod:`triton_embed_server.models.spec`).
+* a reranker's ``pair_tokenizer``: inputs ``2 * B * (4 + 4 * max_chars)`` (``QUERY``,
+  ``DOCUMENT``); outputs as the tokenizer's plus ``B * 4`` (``SEGMENT_START``);
+  ``scorer``: inputs ``B * (4 + 4 * max_length) + B * 4``; outputs ``B * 4`` (``SCORE``).
 * any other Python-backend model: no bound is known; it is counted at the backend's
   default region (1 MiB).
+
+A step is known by its ``1/model.py`` adapter
+(:func:`~triton_embed_server.models.repository.layout.step_kind`), so the steps ``repository
+add`` writes (``NAME_tokenizer``, ``NAME_embedder``, ``NAME_scorer``) are sized as the
+shipped ones.
 
 Per model, a stub's region needs ``round_up_MiB(1 MiB + B * 4 KiB + 1.25 * (inputs +
 outputs))``: the backend's own 1 MiB (its message queues and control block), 4 KiB per
@@ -258,21 +266,36 @@ def visible_gpu_count() -> int | None:
 
 
 def step_size(
-    name: str, config: dict[str, Any], repository: Path, gpus: int | None = None
+    name: str,
+    config: dict[str, Any],
+    repository: Path,
+    gpus: int | None = None,
+    kind: str | None = None,
 ) -> StepSize | None:
     """The shared memory of one model (None: not a Python-backend model).
+
+    Args:
+        name: the model folder's name.
+        config: its config.
+        repository: the model repository.
+        gpus: GPUs the server sees (for ``KIND_GPU`` counts).
+        kind: which of this project's steps it is (``tokenizer``, ``embedder``,
+            ``pair_tokenizer``, ``scorer``: its ``1/model.py`` adapter); None: by the
+            shipped names ``tokenizer`` and ``embedder``.
 
     Raises:
         ValueError: a parameter the sizes depend on is invalid, or the model folder does not
             tell the embedding dimension.
     """
     from triton_embed_server.steps.config import EmbedderConfig, TokenizerConfig
+    from triton_embed_server.steps.rerank_config import PairTokenizerConfig, ScorerConfig
 
     if config.get("backend") != BACKEND:
         return None
     batch = max(1, int(config.get("max_batch_size") or 0))
     stubs = instance_count(config, gpus).total
-    if name == "tokenizer":
+    kind = kind or name
+    if kind == "tokenizer":
         tok = TokenizerConfig.from_model_config(config, repository)
         tensors = {
             "TEXT": batch * (LENGTH_PREFIX + UTF8_MAX * tok.max_chars),
@@ -280,7 +303,7 @@ def step_size(
             "NUM_TOKENS": batch * INT32,
         }
         return StepSize(name, batch, stubs, tensors, tensors["TEXT"])
-    if name == "embedder":
+    if kind == "embedder":
         emb = EmbedderConfig.from_model_config(config, repository)
         dim = emb.dimension
         tensors = {
@@ -288,6 +311,25 @@ def step_size(
             "EMBEDDING": batch * (LENGTH_PREFIX + FLOAT32 * dim),
         }
         return StepSize(name, batch, stubs, tensors, tensors["TOKEN_IDS"])
+    if kind == "pair_tokenizer":
+        pair = PairTokenizerConfig.from_model_config(config, repository)
+        text = batch * (LENGTH_PREFIX + UTF8_MAX * pair.max_chars)
+        tensors = {
+            "QUERY": text,
+            "DOCUMENT": text,
+            "TOKEN_IDS": batch * (LENGTH_PREFIX + INT32 * pair.max_length),
+            "SEGMENT_START": batch * INT32,
+            "NUM_TOKENS": batch * INT32,
+        }
+        return StepSize(name, batch, stubs, tensors, 2 * text)
+    if kind == "scorer":
+        scorer = ScorerConfig.from_model_config(config, repository)
+        tensors = {
+            "TOKEN_IDS": batch * (LENGTH_PREFIX + INT32 * scorer.max_length),
+            "SEGMENT_START": batch * INT32,
+            "SCORE": batch * FLOAT32,
+        }
+        return StepSize(name, batch, stubs, tensors, tensors["TOKEN_IDS"] + batch * INT32)
     return StepSize(name, batch, stubs, {}, 0)
 
 
@@ -323,10 +365,12 @@ def plan_repository(
         for g in c.get("instance_group") or []
     ):
         gpus = gpu_counter()
+    from triton_embed_server.models.repository.layout import step_kind
+
     steps = []
     for name, config in configs.items():
         try:
-            step = step_size(name, config, repository, gpus)
+            step = step_size(name, config, repository, gpus, step_kind(repository / name))
         except ValueError as exc:
             raise ValueError(f"{repository / name}: {exc}") from None
         if step is not None:

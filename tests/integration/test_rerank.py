@@ -227,3 +227,31 @@ def test_bad_input_is_invalid_argument_and_the_server_stays_ready(
     assert server.is_ready()
     scores, _ = rerank(client, "rerank", [("q", "d")])
     assert scores.shape == (1,)
+
+
+def test_perf_analyzer_loads_the_reranker_ensemble(server, tmp_path):
+    """The ensemble works with perf_analyzer 2.51: pairs from ``--input-data`` JSON (one pair
+    per entry; ``-b 4`` puts four in a request), 4 requests in flight."""
+    from perf.contenders.triton_pa import perf_analyzer_command
+
+    pairs = sample_pairs()[:4]
+    data = tmp_path / "pairs.json"
+    rows = [
+        {
+            "QUERY": {"content": [q], "shape": [1]},
+            "DOCUMENT": {"content": [d], "shape": [1]},
+        }
+        for q, d in pairs
+    ]
+    data.write_text(json.dumps({"data": rows}))
+    argv = perf_analyzer_command(
+        server.grpc_url, data, "-b", "4", "--concurrency-range", "4",
+        "--measurement-interval", "1500", "-p", "1500", "-f", str(tmp_path / "report.csv"),
+        model="rerank", admin_key=server.admin_key,
+    )  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Throughput:" in proc.stdout
+    report = (tmp_path / "report.csv").read_text().splitlines()
+    header, row = report[0].split(","), report[1].split(",")
+    assert float(row[header.index("Inferences/Second")]) > 0

@@ -1,4 +1,4 @@
-"""EmbeddingClient.rerank without a server: order, pieces, options, limits, errors by index.
+"""EmbeddingClient.rerank and ``triton-embed rerank`` without a server: order, pieces, errors.
 
 The gRPC client is :class:`tests.fake_triton.FakeTriton`, which serves a reranker ``rerank``
 (``max_batch_size`` 4; a pair's raw score is the number of the query's words in the
@@ -7,9 +7,12 @@ document, minus 1).
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from triton_embed import EmbeddingClient, InvalidInputError, RerankResult
+from triton_embed.cli import main
 
 from tests import fake_triton as fake_server
 
@@ -144,4 +147,75 @@ def test_each_kind_of_model_refuses_the_other_call_by_name(fake_triton):
             "model 'rerank' is a reranker; embed() needs an embedding model: call rerank() "
             "with it, or pass model= the name of an embedding model"
         )
+    assert fake_triton.requests == []
+
+
+# ---- triton-embed rerank ------------------------------------------------------------------
+
+
+def write_documents(tmp_path, lines: list[str], name: str = "docs.txt"):
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_the_cli_prints_the_ranking_best_first(fake_triton, tmp_path, capsys):
+    docs = write_documents(tmp_path, [DOCUMENTS[0], "", *DOCUMENTS[1:]])  # a blank line
+    assert main(["rerank", QUERY, "--documents", str(docs), "--top-n", "3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"query: {QUERY}"
+    assert out[1] == f"  1. [{1 / (1 + np.exp(-3)):.4f}] #2: the giant panda does eat bamboo"
+    assert out[2].startswith("  2. [0.7311] #0: a panda is a bear")
+    assert out[3].startswith("  3. [0.5000] #4: giant trees")
+    assert len(out) == 4
+    assert fake_triton.parameters == [{}, {}]  # no option flag: the server's defaults
+
+
+def test_the_cli_json_output_and_option_flags(fake_triton, tmp_path, capsys):
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"body": d}) + "\n" for d in DOCUMENTS))
+    argv = ["rerank", QUERY, "--documents", str(docs), "--field", "body", "--json",
+            "--raw-scores", "--truncation", "NONE", "--max-document-tokens", "64",
+            "--instruction", "Judge it", "--model", "rerank", "--url", "h:1",
+            "-n", "2"]  # fmt: skip
+    assert main(argv) == 0
+    ranking = json.loads(capsys.readouterr().out)
+    assert ranking["query"] == QUERY and ranking["model"] == "rerank"
+    assert ranking["results"] == [
+        {"rank": 1, "index": 2, "score": 3.0, "document": DOCUMENTS[2]},
+        {"rank": 2, "index": 0, "score": 1.0, "document": DOCUMENTS[0]},
+    ]
+    assert ranking["tokens"] == sum(len(QUERY.split()) + len(d.split()) + 3 for d in DOCUMENTS)
+    assert fake_triton.parameters[0] == {
+        "truncation": "none",
+        "raw_scores": True,
+        "max_document_tokens": 64,
+        "instruction": "Judge it",
+    }
+
+
+def test_the_cli_names_a_refused_document_by_its_line(fake_triton, tmp_path, capsys):
+    docs = tmp_path / "docs.jsonl"
+    records = [{"text": "a"}, {"text": "b"}, {"text": "c"}, {"text": "d"}, {"text": "e"},
+               {"text": "   "}]  # fmt: skip
+    docs.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main(["rerank", "q", "--documents", str(docs)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"triton-embed rerank: error: {docs}:6: documents[5] was rejected: in ensemble "
+        "'rerank', the document of pair 1 is empty"
+    )
+
+
+def test_the_cli_refuses_an_empty_file_and_too_many_documents(fake_triton, tmp_path, capsys):
+    empty = write_documents(tmp_path, [""], "empty.txt")
+    assert main(["rerank", "q", "--documents", str(empty)]) == 1
+    assert f"{empty} holds no documents" in capsys.readouterr().err
+    docs = write_documents(tmp_path, ["a", "b", "c"])
+    assert main(["rerank", "q", "--documents", str(docs), "--max-documents", "2"]) == 1
+    assert "3 documents; at most 2 are reranked per call" in capsys.readouterr().err
+    assert main(["rerank", "q", "--documents", str(docs), "--model", "embed"]) == 1
+    assert "model 'embed' is an embedding model; rerank() needs a reranker" in (
+        capsys.readouterr().err
+    )
     assert fake_triton.requests == []

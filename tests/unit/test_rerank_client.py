@@ -219,3 +219,25 @@ def test_the_cli_refuses_an_empty_file_and_too_many_documents(fake_triton, tmp_p
         capsys.readouterr().err
     )
     assert fake_triton.requests == []
+
+
+def test_the_bulk_job_refuses_a_reranker_by_name(monkeypatch, tmp_path, capsys):
+    from triton_embed.bulk import pool_embedder
+    from triton_embed.transport.catalog import Catalog
+
+    from tests.unit.gateway_fakes import rerank_info
+    from tests.unit.test_cli import StandInPool
+
+    class RerankerOnly(StandInPool):
+        def __init__(self, *args, **kwargs):
+            self.catalog = Catalog.build([rerank_info(4)])
+
+    monkeypatch.setattr(pool_embedder, "UpstreamPool", RerankerOnly)
+    corpus = write_documents(tmp_path, ["one", "two"], "c.txt")
+    argv = ["embed", str(corpus), "-o", str(tmp_path / "out"), "--no-progress",
+            "--url", "127.0.0.1:1", "--model", "rerank"]  # fmt: skip
+    assert main(argv) == 1
+    assert (
+        "model 'rerank' is a reranker; the bulk job embeds with an embedding model: pass "
+        "--model the name of one"
+    ) in capsys.readouterr().err

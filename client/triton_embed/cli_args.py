@@ -13,6 +13,11 @@ from pathlib import Path
 
 from triton_embed.client import DEFAULT_MODEL, DEFAULT_URL
 from triton_embed.options import DEFAULT_TRUNCATION, EmbeddingType, Truncation, parse_flag
+from triton_embed.rerank_options import (
+    DEFAULT_PAIR_TRUNCATION,
+    MAX_INSTRUCTION_CHARS,
+    PairTruncation,
+)
 from triton_embed.retry import DEFAULT_MAX_WAIT_S, DEFAULT_RETRIES
 
 
@@ -90,9 +95,17 @@ def add_url_arg(
     )
 
 
-def add_key_args(p: argparse.ArgumentParser) -> None:
-    """``--url`` and ``--admin-key-file``."""
-    add_url_arg(p)
+def add_key_args(p: argparse.ArgumentParser, several: str | None = None) -> None:
+    """``--url`` and ``--admin-key-file``.
+
+    Args:
+        p: the parser.
+        several: the ``--url`` help's last words (``None``: :func:`add_url_arg`'s).
+    """
+    if several is None:
+        add_url_arg(p)
+    else:
+        add_url_arg(p, several)
     p.add_argument(
         "--admin-key-file",
         type=Path,
@@ -102,9 +115,48 @@ def add_key_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_model_arg(p: argparse.ArgumentParser) -> None:
-    """``--model``: the ensemble (default :data:`~triton_embed.client.DEFAULT_MODEL`)."""
-    p.add_argument("--model", default=DEFAULT_MODEL, help="ensemble name (default %(default)s)")
+def add_model_arg(p: argparse.ArgumentParser, default: str = DEFAULT_MODEL) -> None:
+    """``--model``: the ensemble (default :data:`~triton_embed.client.DEFAULT_MODEL`).
+
+    Args:
+        p: the parser.
+        default: the default ensemble (``rerank``'s: a reranker).
+    """
+    p.add_argument("--model", default=default, help="ensemble name (default %(default)s)")
+
+
+def add_pair_option_args(p: argparse.ArgumentParser) -> None:
+    """A reranker's request options' flags, defined once (:mod:`triton_embed.rerank_options`).
+
+    ``--truncation``, ``--raw-scores``, ``--max-document-tokens``, ``--instruction``; each
+    not given leaves the server's default (``--raw-scores`` is off unless given).
+    """
+    p.add_argument(
+        "--truncation",
+        type=str.lower,
+        choices=[t.value for t in PairTruncation],
+        default=None,
+        help="a pair over the model's token budget: longest_first = cut the longer of query "
+        "and document first, only_second = cut the document only, none = error (default: "
+        f"the server's, {DEFAULT_PAIR_TRUNCATION.value})",
+    )
+    p.add_argument(
+        "--raw-scores",
+        action="store_true",
+        help="print the model's logits instead of its activated scores (a sigmoid)",
+    )
+    p.add_argument(
+        "--max-document-tokens",
+        type=positive_int,
+        default=None,
+        help="cut each document to N tokens before the pair is truncated (default: no cut)",
+    )
+    p.add_argument(
+        "--instruction",
+        default=None,
+        help="a decoder reranker's instruction (Qwen3-Reranker's <Instruct> line), at most "
+        f"{MAX_INSTRUCTION_CHARS} characters (default: the model's)",
+    )
 
 
 def add_request_option_args(
@@ -192,8 +244,25 @@ def add_connection_args(p: argparse.ArgumentParser, embedding_type: bool = False
     add_retry_args(p)
 
 
-def add_corpus_args(p: argparse.ArgumentParser) -> None:
-    """``--format``, ``--field``, ``--id-field``: how an input file is read."""
+def add_corpus_args(p: argparse.ArgumentParser, records: bool = True) -> None:
+    """``--format``, ``--field``, ``--id-field``: how an input file is read.
+
+    Args:
+        p: the parser.
+        records: also Parquet and ``--id-field`` (the commands that write records); without,
+            text or JSONL only (``rerank``'s documents).
+    """
+    if not records:
+        p.add_argument(
+            "--format",
+            choices=("auto", "text", "jsonl"),
+            default="auto",
+            help="input format; auto = jsonl for .jsonl/.ndjson, else one text per line",
+        )
+        p.add_argument(
+            "--field", default="text", help="JSONL key holding the text (default %(default)s)"
+        )
+        return
     p.add_argument(
         "--format",
         choices=("auto", "text", "jsonl", "parquet"),

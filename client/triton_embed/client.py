@@ -26,10 +26,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-import threading
-import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
@@ -44,6 +41,7 @@ from triton_embed.errors import (
 )
 from triton_embed.model_control import ModelControl
 from triton_embed.options import EmbeddingType, InvalidUtf8, RequestOptions, Truncation
+from triton_embed.reranking import Reranking, RerankResult
 from triton_embed.retry import RetryPolicy
 from triton_embed.transport.addresses import DEFAULT_MODEL, DEFAULT_URL, check_url
 from triton_embed.transport.calls import (
@@ -52,10 +50,20 @@ from triton_embed.transport.calls import (
     ChannelOwner,
     TextsRequest,
     admin_key_of,
+    as_bytes,
+    send_all,
     send_texts,
 )
+from triton_embed.transport.catalog import ModelKind, kind_of_config
 
-__all__ = ["DEFAULT_MODEL", "DEFAULT_URL", "EmbedResult", "EmbeddingClient", "check_url"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "DEFAULT_URL",
+    "EmbedResult",
+    "EmbeddingClient",
+    "RerankResult",
+    "check_url",
+]
 
 
 @dataclass(frozen=True)
@@ -81,30 +89,11 @@ class EmbedResult:
     retries: int = 0
 
 
-def _as_bytes(text: str | bytes, index: int) -> bytes:
-    """The UTF-8 bytes of ``texts[index]``.
-
-    Raises:
-        InvalidInputError: the text is neither ``str`` nor ``bytes``, or holds a lone
-            surrogate (no UTF-8 form); names ``index``.
-    """
-    if isinstance(text, bytes):
-        return text
-    if isinstance(text, str):
-        try:
-            return text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            reason = (
-                f"holds a lone surrogate, U+{ord(text[exc.start]):04X} at character {exc.start}, "
-                'which has no UTF-8 form (typically from a JSON escape such as "\\ud800" or '
-                "from bytes decoded with errors='surrogateescape'); remove it or replace it, "
-                "e.g. with U+FFFD"
-            )
-            raise InvalidInputError(
-                f"texts[{index}] {reason}", index=index, reason=reason
-            ) from None
-    reason = f"must be str or bytes, got {type(text).__name__}"
-    raise InvalidInputError(f"texts[{index}] {reason}", index=index, reason=reason)
+#: How a kind of model is named in messages, and the method that serves it.
+_KIND_WORDS = {
+    ModelKind.EMBEDDING: ("an embedding model", "embed()"),
+    ModelKind.RERANKER: ("a reranker", "rerank()"),
+}
 
 
 def _check_arguments(timeout_s: float, max_concurrency: int, batch_size: int | None) -> int:
@@ -135,8 +124,11 @@ def _check_arguments(timeout_s: float, max_concurrency: int, batch_size: int | N
     return concurrency
 
 
-class EmbeddingClient(ChannelOwner):
-    """Embeds texts with a running ``embed`` ensemble.
+class EmbeddingClient(ChannelOwner, Reranking):
+    """Embeds texts with a running ``embed`` ensemble, and reranks with a reranker ensemble.
+
+    :meth:`rerank` (:class:`~triton_embed.reranking.Reranking`) scores documents against a
+    query with a reranker ensemble (docs/rerank.md); pass ``model=`` a reranker there or here.
 
     Args:
         url: gRPC endpoint ``host:port``, without a scheme (Triton's default gRPC port is
@@ -253,6 +245,7 @@ class EmbeddingClient(ChannelOwner):
         )
         self.batch_size = batch_size  # as asked; capped at max_batch_size below
         self._batch_sizes: dict[str, int] = {}
+        self._kinds: dict[str, ModelKind | None] = {}  # from the configs read
         self.max_batch_size = self._server_max_batch_size(model)
         self.batch_size = self._batch_size(model)
 
@@ -288,7 +281,26 @@ class EmbeddingClient(ChannelOwner):
                     "or pass batch_size=)"
                 ) from None
             raise error from None
+        self._kinds[model] = kind_of_config(config)
         return int(config.get("max_batch_size", 0)) or 1
+
+    def _check_kind(self, model: str, wanted: ModelKind) -> None:
+        """Refuse a call to a model of the other kind, when its config was read.
+
+        Raises:
+            InvalidInputError: ``model`` is a reranker and ``wanted`` embedding, or the
+                reverse (names the model, its kind and the method that serves it).
+        """
+        self._batch_size(model)  # reads the config (and the kind) once
+        kind = self._kinds.get(model)
+        if kind is None or kind is wanted:
+            return
+        what, method = _KIND_WORDS[kind]
+        wanted_what, wanted_method = _KIND_WORDS[wanted]
+        raise InvalidInputError(
+            f"model {model!r} is {what}; {wanted_method} needs {wanted_what}: call {method} "
+            f"with it, or pass model= the name of {wanted_what}"
+        )
 
     def load_model(self, name: str) -> None:
         """Load (or reload) the model ``name`` on the server; wait until it is ready.
@@ -302,6 +314,7 @@ class EmbeddingClient(ChannelOwner):
             EmbedClientError: the server could not load it (Triton's message, on one line).
         """
         self._batch_sizes.pop(name, None)  # a reloaded model may batch differently
+        self._kinds.pop(name, None)
         self._control.load_model(name)
 
     def unload_model(self, name: str) -> None:
@@ -312,6 +325,7 @@ class EmbeddingClient(ChannelOwner):
             EmbedClientError: any other failure (Triton's message, on one line).
         """
         self._batch_sizes.pop(name, None)
+        self._kinds.pop(name, None)
         self._control.unload_model(name)
 
     def _admin_headers(self) -> dict[str, str] | None:
@@ -396,51 +410,27 @@ class EmbeddingClient(ChannelOwner):
         except (TypeError, ValueError) as exc:
             raise InvalidInputError(str(exc)) from None
         model = model or self.model
-        payloads = [_as_bytes(t, i) for i, t in enumerate(texts)]
+        payloads = [as_bytes(t, i) for i, t in enumerate(texts)]
         if not payloads:
             return EmbedResult(np.zeros((0, 0), np.float32), np.zeros(0, np.int32), [])
-        batch_size = self._batch_size(model)
+        self._check_kind(model, ModelKind.EMBEDDING)
         request = TextsRequest(model, opts.to_parameters(), opts.embedding_type)
-        starts = list(range(0, len(payloads), batch_size))
-        retries = [0]
-        lock = threading.Lock()
-        calls = CallGroup()
 
-        def count_retry(error: BaseException, wait_s: float) -> None:
-            with lock:
-                retries[0] += 1
+        def send(start: int, stop: int, calls: CallGroup) -> tuple[np.ndarray, np.ndarray]:
+            return self._infer(payloads[start:stop], start, request, calls)
 
-        def run(start: int) -> tuple[np.ndarray, np.ndarray, float]:
-            batch = payloads[start : start + batch_size]
-            t0 = time.perf_counter()
-            try:
-                vectors, counts = self.retry.call(
-                    self._infer, batch, start, request, calls, on_retry=count_retry
-                )
-            except BaseException as exc:
-                calls.fail(exc)  # nobody waits for the other requests any more
-                raise
-            elapsed = time.perf_counter() - t0
+        def done(count: int, result: tuple[np.ndarray, np.ndarray]) -> None:
             if on_batch_done is not None:
-                on_batch_done(len(batch), int(counts.sum()))
-            return vectors, counts, elapsed
+                on_batch_done(count, int(result[1].sum()))
 
-        with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(starts))) as pool:
-            futures = [pool.submit(run, start) for start in starts]
-            try:
-                results = [f.result() for f in futures]  # in input order
-            except BaseException as exc:
-                calls.fail(exc)
-                for f in futures:
-                    f.cancel()  # requests not yet sent are never sent
-                if calls.first_error is not None and calls.first_error is not exc:
-                    raise calls.first_error from None
-                raise
+        sent = send_all(
+            len(payloads), self._batch_size(model), send, self.retry, self.max_concurrency, done
+        )
         return EmbedResult(
-            embeddings=np.concatenate([r[0] for r in results]),
-            num_tokens=np.concatenate([r[1] for r in results]),
-            latencies_s=[r[2] for r in results],
-            retries=retries[0],
+            embeddings=np.concatenate([r[0] for r in sent.results]),
+            num_tokens=np.concatenate([r[1] for r in sent.results]),
+            latencies_s=sent.latencies_s,
+            retries=sent.retries,
         )
 
     def _infer(

@@ -20,8 +20,9 @@ Two payloads travel as elements of Triton ``BYTES`` (``TYPE_STRING``) tensors:
 
 On the wire of a gRPC response (``raw_output_contents``, KServe v2's binary framing) a
 ``BYTES`` output of ``n`` elements is each element's 4-byte little-endian length followed by
-its bytes (:func:`frame_bytes`, :func:`bytes_elements`: zero-copy views), and an ``INT32``
-output ``4 x n`` bytes of little-endian int32 (:func:`int32_values`).
+its bytes (:func:`frame_bytes`, :func:`bytes_elements`: zero-copy views), an ``INT32``
+output ``4 x n`` bytes of little-endian int32 (:func:`int32_values`), and an ``FP32`` output
+(a reranker's ``SCORE``) ``4 x n`` bytes of little-endian float32 (:func:`float32_values`).
 
 BYTES elements must be built as ``numpy`` arrays of ``dtype=object`` holding ``bytes``:
 a ``numpy.bytes_`` array strips trailing ``0x00`` bytes, which corrupts any vector whose
@@ -222,3 +223,17 @@ def int32_values(raw: bytes, count: int) -> np.ndarray:
     if len(raw) != 4 * count:
         raise ValueError(f"an INT32 output of {len(raw)} bytes does not hold {count} values")
     return np.frombuffer(raw, dtype=INT32_LE).astype(np.int32, copy=False)
+
+
+def float32_values(raw: bytes, count: int) -> np.ndarray:
+    """A raw ``FP32`` output (the reranker's ``SCORE``) as float32 ``[count]`` (native order).
+
+    KServe v2's binary form of an ``FP32`` tensor is ``4 x count`` bytes of little-endian
+    IEEE-754 float32, one value per element.
+
+    Raises:
+        ValueError: ``raw`` is not ``4 x count`` bytes.
+    """
+    if len(raw) != 4 * count:
+        raise ValueError(f"an FP32 output of {len(raw)} bytes does not hold {count} values")
+    return np.frombuffer(raw, dtype=FLOAT32_LE).astype(np.float32, copy=False)

@@ -119,7 +119,12 @@ URL_HINT = (
 
 
 def map_error(
-    exc: BaseException, url: str, offset: int | None = None, size: int | None = None
+    exc: BaseException,
+    url: str,
+    offset: int | None = None,
+    size: int | None = None,
+    *,
+    items: str = "texts",
 ) -> EmbedClientError:
     """Translate a ``tritonclient`` exception into this library's error types.
 
@@ -128,6 +133,8 @@ def map_error(
         url: the server's URL (for the message).
         offset: index in the caller's texts of the request's first text, if a request failed.
         size: texts in that request.
+        items: what the caller passed, as the messages name it: ``texts``, or ``documents``
+            for a rerank call (the server's "pair N" is ``documents[offset + N]``).
 
     Returns:
         The :data:`ERROR_CLASSES` class of the failure's kind, with a message naming the
@@ -135,10 +142,10 @@ def map_error(
     """
     failure = classify(exc)
     message = failure.message
-    where = f"texts[{offset}:{offset + size}]: " if offset is not None and size else ""
+    where = f"{items}[{offset}:{offset + size}]: " if offset is not None and size else ""
     kind = failure.kind
     if kind is ErrorKind.INVALID_INPUT:
-        return _invalid_input(failure, where, offset, size)
+        return _invalid_input(failure, where, offset, size, items)
     wording = {
         ErrorKind.ACCESS_DENIED: (
             f"{where}server at {url} refused the call: no admin key was sent, or not the "
@@ -156,8 +163,13 @@ def map_error(
     return ERROR_CLASSES[kind](f"{where}{failure.raw_status} {message}".strip())
 
 
+#: How the server names one of the caller's items in a request: ``texts`` by "text N", the
+#: ``documents`` of a rerank call by "pair N" (one query-document pair per document).
+_UNITS = {"texts": "text", "documents": "pair"}
+
+
 def _invalid_input(
-    failure: Failure, where: str, offset: int | None, size: int | None
+    failure: Failure, where: str, offset: int | None, size: int | None, items: str = "texts"
 ) -> InvalidInputError:
     """The server's ``INVALID_ARGUMENT``, naming the text by its index in the caller's texts.
 
@@ -171,12 +183,13 @@ def _invalid_input(
     if index is None:
         return InvalidInputError(f"{where}{message}", server_message=message)
     note = (
-        f" (text {failure.index} of the request that sent texts[{offset}:{offset + size}])"
+        f" ({_UNITS.get(items, 'item')} {failure.index} of the request that sent "
+        f"{items}[{offset}:{offset + size}])"
         if offset
         else ""
     )
     return InvalidInputError(
-        f"texts[{index}] was rejected: {message}{note}",
+        f"{items}[{index}] was rejected: {message}{note}",
         index=index,
         reason=failure.reason,
         server_message=message,

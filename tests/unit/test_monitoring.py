@@ -37,6 +37,8 @@ COUNTERS = {
     "triton_embed_numa_pages_total",
     "triton_embed_gateway_requests_total",
     "triton_embed_gateway_upstream_retries_total",
+    "triton_embed_gateway_inputs_total",
+    "triton_embed_gateway_tokens_total",
 }
 HISTOGRAMS = {
     "triton_embed_execute_seconds",

@@ -22,6 +22,9 @@ from triton_embed.errors import InvalidInputError
 DEFAULT_URL = "127.0.0.1:8001"
 #: The ensemble the client library calls unless told otherwise.
 DEFAULT_MODEL = "embed"
+#: The reranker ensemble ``triton-embed rerank`` calls unless told otherwise (the name
+#: docs/rerank.md gives it: ``repository add --name rerank``).
+DEFAULT_RERANKER = "rerank"
 
 
 def check_url(url: str) -> str:

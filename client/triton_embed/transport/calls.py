@@ -1,9 +1,11 @@
-"""The client library's gRPC calls: one request of texts, cancellable with the others of its call.
+"""The client library's gRPC calls: one request, cancellable with the others of its call.
 
-:func:`send_texts` sends one request of an ``embed`` call over ``tritonclient.grpc`` as a
-cancellable call with its deadline; a :class:`CallGroup` holds the calls of one ``embed``
-call in flight and cancels them together when one fails (Triton 2.51 then stops an
-ensemble request before its next step). Failures come back as the client's errors
+:func:`send_texts` sends one request of an ``embed`` call (:func:`send_pairs`: of a
+``rerank`` call) over ``tritonclient.grpc`` as a cancellable call with its deadline; a
+:class:`CallGroup` holds the calls of one ``embed`` call in flight and cancels them together
+when one fails (Triton 2.51 then stops an ensemble request before its next step);
+:func:`send_all` sends a call's requests concurrently, each retried on its own, and stops
+them all at the first failure. Failures come back as the client's errors
 (:func:`triton_embed.errors.map_error`). :class:`ChannelOwner` is what every object that
 owns a ``tritonclient.grpc.InferenceServerClient`` shares: ``close`` and ``with``.
 """
@@ -11,8 +13,11 @@ owns a ``tritonclient.grpc.InferenceServerClient`` shares: ``close`` and ``with`
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, Generic, Self, TypeVar
 
 import numpy as np
 
@@ -20,9 +25,12 @@ from triton_embed.admin import check_key, read_admin_key
 from triton_embed.codec import decode_embeddings
 from triton_embed.errors import EmbedClientError, InvalidInputError, map_error
 from triton_embed.options import DEFAULT_EMBEDDING_TYPE, EmbeddingType
+from triton_embed.retry import RetryPolicy
 
 #: Seconds past a call's deadline after which a lost answer is given up on.
 LOST_ANSWER_MARGIN_S = 5.0
+
+T = TypeVar("T")
 
 
 class Stopped(EmbedClientError):
@@ -76,6 +84,14 @@ class TextsRequest:
 
 
 @dataclass(frozen=True)
+class PairsRequest:
+    """What every request of one ``rerank`` call shares: the reranker and its parameters."""
+
+    model: str
+    parameters: dict
+
+
+@dataclass(frozen=True)
 class Channel:
     """One server's ``tritonclient.grpc`` module, client, URL and deadline per call."""
 
@@ -83,6 +99,81 @@ class Channel:
     client: Any
     url: str
     timeout_s: float
+
+
+def _call(
+    channel: Channel,
+    model: str,
+    inputs: dict[str, list[bytes]],
+    outputs: tuple[str, ...],
+    parameters: dict,
+    calls: CallGroup,
+    offset: int,
+    items: str,
+) -> Any:
+    """One cancellable gRPC request of ``BYTES [n, 1]`` inputs; its result.
+
+    Sent with the ``timeout_s`` deadline; ``calls`` cancels it when another request of the
+    same call fails.
+
+    Args:
+        channel: the server.
+        model: the model.
+        inputs: ``{input name: n elements}``.
+        outputs: the outputs asked for.
+        parameters: the KServe v2 request parameters.
+        calls: the call's group of requests.
+        offset: index in the caller's items of the request's first element.
+        items: what the caller passed (``texts``, ``documents``), for the messages.
+
+    Raises:
+        EmbedClientError: the mapped failure (:func:`~triton_embed.errors.map_error`);
+            :class:`Stopped` when ``calls`` stopped before or while it ran.
+    """
+    if calls.stopped:
+        raise Stopped("not sent: another request of this call failed")
+    grpc = channel.grpc
+    size = len(next(iter(inputs.values())))
+    tensors = []
+    for name, elements in inputs.items():
+        arr = np.empty((len(elements), 1), dtype=object)  # object: trailing NULs survive
+        arr[:, 0] = elements
+        tensor = grpc.InferInput(name, list(arr.shape), "BYTES")
+        tensor.set_data_from_numpy(arr)
+        tensors.append(tensor)
+    answered = threading.Event()
+    answer: list = [None, None]
+
+    def on_answer(result, error) -> None:
+        answer[0], answer[1] = result, error
+        answered.set()
+
+    try:
+        context = channel.client.async_infer(
+            model,
+            tensors,
+            on_answer,
+            outputs=[grpc.InferRequestedOutput(name) for name in outputs],
+            client_timeout=channel.timeout_s,
+            parameters=parameters or None,
+        )
+    except Exception as exc:
+        raise map_error(exc, channel.url, offset, size, items=items) from None
+    calls.add(context)
+    try:
+        # The gRPC deadline answers at timeout_s; the margin only guards a lost callback.
+        if not answered.wait(channel.timeout_s + LOST_ANSWER_MARGIN_S):
+            context.cancel()
+            lost = TimeoutError("Deadline Exceeded")
+            raise map_error(lost, channel.url, offset, size, items=items)
+    finally:
+        calls.discard(context)
+    result, error = answer
+    if error is not None:
+        if calls.stopped and calls.first_error is not None:
+            raise Stopped("cancelled: another request of this call failed")
+        raise map_error(error, channel.url, offset, size, items=items) from None
+    return result
 
 
 def send_texts(
@@ -101,46 +192,10 @@ def send_texts(
         EmbedClientError: the mapped failure (:func:`~triton_embed.errors.map_error`);
             :class:`Stopped` when ``calls`` stopped before or while it ran.
     """
-    if calls.stopped:
-        raise Stopped("not sent: another request of this call failed")
-    grpc = channel.grpc
-    arr = np.empty((len(batch), 1), dtype=object)
-    arr[:, 0] = batch
-    inp = grpc.InferInput("TEXT", list(arr.shape), "BYTES")
-    inp.set_data_from_numpy(arr)
-    outputs = [grpc.InferRequestedOutput("EMBEDDING"), grpc.InferRequestedOutput("NUM_TOKENS")]
-    answered = threading.Event()
-    answer: list = [None, None]
-
-    def on_answer(result, error) -> None:
-        answer[0], answer[1] = result, error
-        answered.set()
-
-    try:
-        context = channel.client.async_infer(
-            request.model,
-            [inp],
-            on_answer,
-            outputs=outputs,
-            client_timeout=channel.timeout_s,
-            parameters=request.parameters or None,
-        )
-    except Exception as exc:
-        raise map_error(exc, channel.url, offset, len(batch)) from None
-    calls.add(context)
-    try:
-        # The gRPC deadline answers at timeout_s; the margin only guards a lost callback.
-        if not answered.wait(channel.timeout_s + LOST_ANSWER_MARGIN_S):
-            context.cancel()
-            lost = TimeoutError("Deadline Exceeded")
-            raise map_error(lost, channel.url, offset, len(batch))
-    finally:
-        calls.discard(context)
-    result, error = answer
-    if error is not None:
-        if calls.stopped and calls.first_error is not None:
-            raise Stopped("cancelled: another request of this call failed")
-        raise map_error(error, channel.url, offset, len(batch)) from None
+    result = _call(
+        channel, request.model, {"TEXT": batch}, ("EMBEDDING", "NUM_TOKENS"),
+        request.parameters, calls, offset, "texts",
+    )  # fmt: skip
     vectors = decode_embeddings(
         result.as_numpy("EMBEDDING").reshape(-1),
         embedding_type=request.embedding_type or DEFAULT_EMBEDDING_TYPE,
@@ -149,6 +204,141 @@ def send_texts(
     if len(vectors) != len(batch) or len(counts) != len(batch):
         raise EmbedClientError(f"server returned {len(vectors)} embeddings for {len(batch)} texts")
     return vectors, counts
+
+
+def send_pairs(
+    channel: Channel,
+    query: bytes,
+    batch: list[bytes],
+    offset: int,
+    request: PairsRequest,
+    calls: CallGroup,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One gRPC request: ``query`` with each of ``batch`` (``documents[offset : ...]``) scored.
+
+    The reranker ensemble's ``QUERY`` (``query`` repeated on each row) and ``DOCUMENT``
+    (docs/rerank.md), a cancellable call as :func:`send_texts`'s.
+
+    Returns:
+        float32 ``[n]`` scores and int32 ``[n]`` token counts, in the order of ``batch``.
+
+    Raises:
+        EmbedClientError: the mapped failure; a refused pair is named by its index in the
+            caller's documents (``documents[i]``); :class:`Stopped` as for
+            :func:`send_texts`.
+    """
+    inputs = {"QUERY": [query] * len(batch), "DOCUMENT": batch}
+    result = _call(
+        channel, request.model, inputs, ("SCORE", "NUM_TOKENS"), request.parameters, calls,
+        offset, "documents",
+    )  # fmt: skip
+    scores = result.as_numpy("SCORE").reshape(-1).astype(np.float32)
+    counts = result.as_numpy("NUM_TOKENS").reshape(-1).astype(np.int32)
+    if len(scores) != len(batch) or len(counts) != len(batch):
+        raise EmbedClientError(f"server returned {len(scores)} scores for {len(batch)} documents")
+    return scores, counts
+
+
+@dataclass(frozen=True)
+class Sent(Generic[T]):
+    """What :func:`send_all` got back.
+
+    Attributes:
+        results: each request's result, in input order.
+        latencies_s: each request's seconds from its first send to its answer (retries and
+            their waits included).
+        retries: requests sent again after the server refused them, over all requests.
+    """
+
+    results: list[T]
+    latencies_s: list[float]
+    retries: int
+
+
+def send_all(
+    count: int,
+    batch_size: int,
+    send: Callable[[int, int, CallGroup], T],
+    retry: RetryPolicy,
+    max_concurrency: int,
+    on_done: Callable[[int, T], None] | None = None,
+) -> Sent[T]:
+    """Send ``count`` inputs as requests of ``batch_size``, concurrently; results in input order.
+
+    ``send(start, stop, calls)`` is one request (of inputs ``[start, stop)``), retried by
+    ``retry`` when refused. When one request fails the call raises at once: the requests in
+    flight are cancelled (``calls``) and those not yet sent are never sent.
+
+    Args:
+        count: the inputs.
+        batch_size: inputs per request.
+        send: one request.
+        retry: how a refused request is sent again.
+        max_concurrency: requests in flight at once.
+        on_done: called with ``(inputs in the request, its result)`` after each request.
+
+    Raises:
+        EmbedClientError: the first request's failure (not a :class:`Stopped` one).
+    """
+    starts = list(range(0, count, batch_size))
+    retries = [0]
+    lock = threading.Lock()
+    calls = CallGroup()
+
+    def count_retry(error: BaseException, wait_s: float) -> None:
+        with lock:
+            retries[0] += 1
+
+    def run(start: int) -> tuple[T, float]:
+        stop = min(start + batch_size, count)
+        t0 = time.perf_counter()
+        try:
+            result = retry.call(send, start, stop, calls, on_retry=count_retry)
+        except BaseException as exc:
+            calls.fail(exc)  # nobody waits for the other requests any more
+            raise
+        elapsed = time.perf_counter() - t0
+        if on_done is not None:
+            on_done(stop - start, result)
+        return result, elapsed
+
+    with ThreadPoolExecutor(max_workers=max(1, min(max_concurrency, len(starts)))) as pool:
+        futures = [pool.submit(run, start) for start in starts]
+        try:
+            done = [f.result() for f in futures]  # in input order
+        except BaseException as exc:
+            calls.fail(exc)
+            for f in futures:
+                f.cancel()  # requests not yet sent are never sent
+            if calls.first_error is not None and calls.first_error is not exc:
+                raise calls.first_error from None
+            raise
+    return Sent([r for r, _ in done], [t for _, t in done], retries[0])
+
+
+def as_bytes(text: str | bytes, index: int | None, items: str = "texts") -> bytes:
+    """The UTF-8 bytes of ``items[index]`` (a text, a document; ``index`` ``None``: ``items``).
+
+    Raises:
+        InvalidInputError: the text is neither ``str`` nor ``bytes``, or holds a lone
+            surrogate (no UTF-8 form); names ``items[index]`` (``error.index``).
+    """
+    where = items if index is None else f"{items}[{index}]"
+    if isinstance(text, bytes):
+        return text
+    if isinstance(text, str):
+        try:
+            return text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            reason = (
+                f"holds a lone surrogate, U+{ord(text[exc.start]):04X} at character {exc.start}, "
+                'which has no UTF-8 form (typically from a JSON escape such as "\\ud800" or '
+                "from bytes decoded with errors='surrogateescape'); remove it or replace it, "
+                "e.g. with U+FFFD"
+            )
+            raise InvalidInputError(f"{where} {reason}", index=index, reason=reason) from None
+    reason = f"must be str or bytes, got {type(text).__name__}"
+    raise InvalidInputError(f"{where} {reason}", index=index, reason=reason)
 
 
 def admin_key_of(admin_key: str | None) -> str | None:

@@ -1,4 +1,6 @@
-"""The embedding models the upstreams serve, read from their Triton model configs.
+"""The models the upstreams serve, read from their Triton model configs: embedders and rerankers.
+
+Two kinds of ensemble are served (:class:`ModelKind`); :func:`served_model` tells them apart.
 
 An **embedding ensemble** is a READY model whose config is ``platform: "ensemble"`` with the
 outputs ``EMBEDDING`` and ``NUM_TOKENS`` and at least two steps: the first step is its
@@ -19,20 +21,39 @@ default, :func:`config_facts`, knows only what the config states; the HTTP gatew
 may run next to the model folders, passes one that reads the folder too
 (``triton_embed_server.gateway.folder_facts``).
 
+A **reranker ensemble** (docs/rerank.md) is a READY model whose config is
+``platform: "ensemble"`` with the inputs ``QUERY`` and ``DOCUMENT``, the outputs ``SCORE``
+and ``NUM_TOKENS``, and at least two steps (its pair tokenizer ``NAME_tokenizer``, its scorer
+``NAME_scorer``); a ``kind`` parameter, when the config states one, must be ``reranker``.
+What the catalog keeps of each is :class:`RerankerInfo`: ``max_batch_size`` (pairs per
+request), ``served_model_name``, ``max_length`` (the token budget per pair), ``family``
+(``cross_encoder`` or ``decoder``) and the pair tokenizer's token budget per request.
+
 Clients name a model by its ensemble name or its ``served_model_name`` (:meth:`Catalog.resolve`);
-an ensemble name wins over another model's alias.
+an ensemble name wins over another model's alias. Both kinds share one name space, so a
+request that names a model of the other kind is told so (``kind``) instead of "not found".
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import enum
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from triton_embed.options import OptionError, Truncation, parse_flag
 from triton_embed.serving_limits import REQUEST_TEXTS, request_token_budget
 
 EMBEDDING_OUTPUTS = frozenset({"EMBEDDING", "NUM_TOKENS"})
+RERANKER_INPUTS = frozenset({"QUERY", "DOCUMENT"})
+RERANKER_OUTPUTS = frozenset({"SCORE", "NUM_TOKENS"})
+
+
+class ModelKind(str, enum.Enum):
+    """What a served ensemble does: embed texts, or score query-document pairs."""
+
+    EMBEDDING = "embedding"
+    RERANKER = "reranker"
 
 
 def parameter(config: Mapping[str, Any], key: str) -> str:
@@ -93,7 +114,7 @@ def config_facts(embedder_config: Mapping[str, Any]) -> FolderFacts:
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """One embedding ensemble as the gateway serves it.
+    """One embedding ensemble as the gateway serves it (:attr:`kind` ``embedding``).
 
     Attributes:
         name: the ensemble's name (what the gateway sends to Triton).
@@ -135,6 +156,8 @@ class ModelInfo:
     allow_empty: bool = False
     max_chunks: int = 16
     max_request_tokens: int | None = None
+
+    kind: ClassVar[ModelKind] = ModelKind.EMBEDDING
 
     def piece_size(self, truncation: Truncation | str | None) -> int:
         """Texts per upstream call, so that no call can pass the step's token budget.
@@ -202,6 +225,139 @@ class ModelInfo:
         )
 
 
+def _ensemble_steps(config: Mapping[str, Any]) -> list[str] | None:
+    """The step model names of an ensemble config; ``None`` for no ensemble of 2+ steps."""
+    if config.get("platform") != "ensemble":
+        return None
+    steps = [s.get("model_name") for s in config.get("ensemble_scheduling", {}).get("step", [])]
+    return steps if len(steps) >= 2 and all(steps) else None
+
+
+@dataclass(frozen=True)
+class RerankerInfo:
+    """One reranker ensemble as the gateway serves it (:attr:`kind` ``reranker``).
+
+    Attributes:
+        name: the ensemble's name (what the gateway sends to Triton).
+        max_batch_size: query-document pairs per request to the ensemble.
+        tokenizer: its first step's model name (the pair tokenizer).
+        scorer: its last step's model name (``TOKEN_IDS`` -> ``SCORE``).
+        served_model_name: the other name clients may use, or ``None``.
+        max_length: the token budget per pair (special tokens or prompt template
+            included), or ``None`` when the config does not say.
+        family: ``cross_encoder`` or ``decoder`` (the ``family`` parameter), or ``None``.
+        dtype: the scorer's ``dtype`` parameter (``float32`` when not stated).
+        max_request_tokens: the pair tokenizer's token budget per request (its
+            ``max_request_tokens`` parameter, or the default of
+            :func:`triton_embed.serving_limits.request_token_budget` for one window per
+            pair), or ``None`` when the config does not give ``max_length``.
+    """
+
+    name: str
+    max_batch_size: int
+    tokenizer: str
+    scorer: str
+    served_model_name: str | None = None
+    max_length: int | None = None
+    family: str | None = None
+    dtype: str = "float32"
+    max_request_tokens: int | None = None
+
+    kind: ClassVar[ModelKind] = ModelKind.RERANKER
+
+    def piece_size(self) -> int:
+        """Pairs per upstream call, so that no call can pass the tokenizer's token budget.
+
+        ``max(1, min(max_batch_size, max_request_tokens // max_length))``: 64 pairs for a
+        512-token cross-encoder under the default budget (65,536 tokens), 8 for a model
+        that reads 8,192 tokens per pair.
+        """
+        if self.max_length is None or self.max_request_tokens is None:
+            return self.max_batch_size
+        return max(1, min(self.max_batch_size, self.max_request_tokens // self.max_length))
+
+    @classmethod
+    def from_configs(
+        cls, config: Mapping[str, Any], step_configs: Mapping[str, Mapping[str, Any]]
+    ) -> RerankerInfo | None:
+        """The reranker an ensemble's config describes; ``None`` when it is no reranker ensemble.
+
+        Args:
+            config: the ensemble's config, as ``get_model_config(..., as_json=True)["config"]``.
+            step_configs: configs of other models by name (its steps'; missing ones are
+                read as ``max_batch_size`` equal to the ensemble's and no parameters).
+        """
+        steps = _ensemble_steps(config)
+        if steps is None or not is_reranker_config(config):
+            return None
+        max_batch_size = _max_batch_size(config, 1)
+        tokenizer_config = dict(step_configs.get(steps[0]) or {})
+        tokenizer_config.setdefault("max_batch_size", max_batch_size)
+        scorer_config = step_configs.get(steps[-1]) or {}
+        max_length = _int_parameter(config, "max_length")
+        return cls(
+            name=str(config["name"]),
+            max_batch_size=max_batch_size,
+            tokenizer=steps[0],
+            scorer=steps[-1],
+            served_model_name=parameter(config, "served_model_name") or None,
+            max_length=max_length,
+            family=parameter(config, "family") or None,
+            dtype=parameter(scorer_config, "dtype") or "float32",
+            max_request_tokens=_request_tokens(tokenizer_config, max_length, 1),
+        )
+
+
+def is_reranker_config(config: Mapping[str, Any]) -> bool:
+    """Whether a model config is a reranker's (docs/rerank.md).
+
+    Inputs ``QUERY`` and ``DOCUMENT``, outputs ``SCORE`` and ``NUM_TOKENS``, and a ``kind``
+    parameter, if stated, ``reranker``. Reads the ensemble's config (or one of the client's
+    ``get_model_config``); never raises.
+    """
+    inputs = {i.get("name") for i in config.get("input", [])}
+    outputs = {o.get("name") for o in config.get("output", [])}
+    stated = parameter(config, "kind").lower()
+    return (
+        RERANKER_INPUTS <= inputs
+        and RERANKER_OUTPUTS <= outputs
+        and stated in ("", ModelKind.RERANKER.value)
+    )
+
+
+def kind_of_config(config: Mapping[str, Any]) -> ModelKind | None:
+    """The kind of a model config: by its outputs (``EMBEDDING`` or ``SCORE``), else ``None``."""
+    if is_reranker_config(config):
+        return ModelKind.RERANKER
+    outputs = {o.get("name") for o in config.get("output", [])}
+    return ModelKind.EMBEDDING if EMBEDDING_OUTPUTS <= outputs else None
+
+
+#: A model of the catalog: an embedding ensemble or a reranker ensemble (``.kind`` says which).
+ServedModel = ModelInfo | RerankerInfo
+
+
+def served_model(
+    config: Mapping[str, Any],
+    step_configs: Mapping[str, Mapping[str, Any]],
+    facts: Callable[[], FolderFacts | None] = lambda: None,
+) -> ServedModel | None:
+    """The model an ensemble's config describes, of either kind; ``None`` for any other model.
+
+    Args:
+        config: the ensemble's config.
+        step_configs: configs of other models by name.
+        facts: the embedder's pooling and normalization, asked for an embedding ensemble only
+            (reading a model folder is not free).
+    """
+    reranker = RerankerInfo.from_configs(config, step_configs)
+    if reranker is not None:
+        return reranker
+    if config.get("platform") != "ensemble" or is_reranker_config(config):
+        return None
+    return ModelInfo.from_configs(config, step_configs, facts())
+
+
 def _allow_empty(tokenizer_config: Mapping[str, Any]) -> bool:
     """The tokenizer step's ``allow_empty`` parameter (``false`` when absent or unreadable)."""
     try:
@@ -212,24 +368,24 @@ def _allow_empty(tokenizer_config: Mapping[str, Any]) -> bool:
 
 @dataclass(frozen=True)
 class Catalog:
-    """The embedding models the ready upstreams serve, by name and by alias.
+    """The models the ready upstreams serve, of both kinds, by name and by alias.
 
     Attributes:
-        models: ``{ensemble name: ModelInfo}``.
+        models: ``{ensemble name: ModelInfo or RerankerInfo}``.
         aliases: ``{served_model_name: ensemble name}`` (names that are no ensemble's).
     """
 
-    models: Mapping[str, ModelInfo] = field(default_factory=dict)
+    models: Mapping[str, ServedModel] = field(default_factory=dict)
     aliases: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, infos: Iterable[ModelInfo]) -> Catalog:
+    def build(cls, infos: Iterable[ServedModel]) -> Catalog:
         """The catalog of ``infos``; the first of two models of one name is kept.
 
         An alias equal to an ensemble's name, or already taken by an earlier model (in name
         order), is left out.
         """
-        models: dict[str, ModelInfo] = {}
+        models: dict[str, ServedModel] = {}
         for info in infos:
             models.setdefault(info.name, info)
         aliases: dict[str, str] = {}
@@ -239,8 +395,8 @@ class Catalog:
                 aliases[alias] = name
         return cls(models=dict(sorted(models.items())), aliases=aliases)
 
-    def resolve(self, name: str) -> ModelInfo | None:
-        """The model called ``name`` (ensemble name or alias), or ``None``."""
+    def resolve(self, name: str) -> ServedModel | None:
+        """The model called ``name`` (ensemble name or alias), of either kind, or ``None``."""
         info = self.models.get(name)
         if info is None and name in self.aliases:
             info = self.models.get(self.aliases[name])
@@ -249,3 +405,7 @@ class Catalog:
     def names(self) -> list[str]:
         """Every name a client may use: the ensemble names, then the aliases."""
         return [*self.models, *self.aliases]
+
+    def of_kind(self, kind: ModelKind) -> list[str]:
+        """The ensemble names of the models of ``kind``, in name order."""
+        return [name for name, info in self.models.items() if info.kind is kind]

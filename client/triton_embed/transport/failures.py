@@ -30,9 +30,10 @@ QUEUE_TIMEOUT = "Request timeout expired"
 #: Characters of a server's message carried into a pool's answer; the rest is cut (a server
 #: that quotes a whole 100,000-character value must not make the gateway repeat it).
 MAX_UPSTREAM_MESSAGE_CHARS = 1000
-# "text N" in a server message: N counts the texts of that request, from 0 (the tokenizer
-# step's wording, triton_embed_server.steps.errors).
-_TEXT_INDEX = re.compile(r"\btext (\d+)\b:? ?")
+# "text N" (or "pair N") in a server message: N counts the texts (the query-document pairs)
+# of that request, from 0 (the tokenizer step's wording, triton_embed_server.steps.errors;
+# the pair tokenizer's: "the document of pair 3 is empty", "pair 3 has 600 tokens").
+_TEXT_INDEX = re.compile(r"\b(?:text|pair) (\d+)\b:? ?")
 # Words of a connection that broke mid-call (gRPC UNKNOWN / CANCELLED / INTERNAL).
 _BROKEN_CONNECTION = ("socket closed", "connection reset", "failed to connect", "broken pipe")
 
@@ -71,8 +72,8 @@ class Failure:
         raw_status: the status as ``tritonclient`` gives it (``StatusCode.UNAVAILABLE``,
             ``400``), or ``""`` for an error without one.
         message: the server's message, whole (``str(exc)`` for an error without one).
-        index: for :attr:`ErrorKind.INVALID_INPUT`, the index of the text the message names,
-            counted from the request's first text; else ``None``.
+        index: for :attr:`ErrorKind.INVALID_INPUT`, the index of the text (or query-document
+            pair) the message names, counted from the request's first; else ``None``.
         named_at: with ``index``, where "text N" stands in ``message``: the start and end
             of ``N``, and the end of the words naming the text.
     """
@@ -107,7 +108,7 @@ class Failure:
         return offset + self.index
 
     def renumbered(self, offset: int, size: int) -> str:
-        """:attr:`message` with its "text N" counted in the caller's texts (``offset + N``).
+        """:attr:`message` with its "text N" ("pair N") counted in the caller's (``offset + N``).
 
         A message that names no text of the request (or with ``offset`` 0) is unchanged.
         """

@@ -46,6 +46,7 @@ from triton_embed.codec import (
     int32_values,
 )
 from triton_embed.options import RequestOptions
+from triton_embed.rerank_options import PairOptions
 from triton_embed.transport.catalog import ModelInfo
 from triton_embed.transport.failures import ErrorKind, TransportError, upstream_error
 from triton_embed.transport.upstreams import UpstreamPool
@@ -124,10 +125,18 @@ class TokenBudget:
 
     def bound(self, texts: Sequence[bytes]) -> int:
         """An upper bound of the tokens of ``texts``."""
+        return self.bound_sizes([len(t) for t in texts])
+
+    def bound_sizes(self, sizes: Sequence[int]) -> int:
+        """An upper bound of the tokens of inputs of ``sizes`` UTF-8 bytes each.
+
+        An input is a text, or a query-document pair (its size the two together, the
+        prompt template and instruction of a decoder reranker included).
+        """
         cap = self.max_tokens_per_text
         if cap is None:
-            return sum(len(t) for t in texts) + SPECIAL_TOKENS_BOUND * len(texts)
-        return sum(min(cap, len(t) + SPECIAL_TOKENS_BOUND) for t in texts)
+            return sum(sizes) + SPECIAL_TOKENS_BOUND * len(sizes)
+        return sum(min(cap, size + SPECIAL_TOKENS_BOUND) for size in sizes)
 
     def check(self, tokens: int, done: int, total: int) -> None:
         """Raise ``OVER_BUDGET`` when ``tokens`` (of ``done`` inputs) is over the budget.
@@ -160,7 +169,7 @@ SPECIAL_TOKENS_BOUND = 32
 Call = Callable[[int, int], Awaitable[tuple[T, int]]]
 
 
-async def _each_piece(
+async def each_piece(
     count: int,
     size: int,
     call: Call[T],
@@ -219,18 +228,30 @@ async def _each_piece(
     return [results[i] for i in range(len(spans))]
 
 
-async def _call(
+async def call_model(
     pool: Pool,
     model: str,
     inputs: Mapping[str, Sequence[bytes]],
     outputs: Sequence[str],
-    options: RequestOptions | None,
+    options: RequestOptions | PairOptions | None,
     start: int,
 ) -> dict[str, bytes]:
     """One piece's upstream call, its failure mapped to a :class:`TransportError`.
 
     The request's ``options`` become the call's KServe v2 request parameters here, the one
     place they are (``None``: none, the server's defaults apply).
+
+    Args:
+        pool: the upstreams.
+        model: the model to call.
+        inputs: ``{input name: the piece's elements}``.
+        outputs: the outputs it must answer.
+        options: the request options (an embedding's or a reranker's).
+        start: index in the caller's inputs of the piece's first element (a refused
+            input is named by its index there).
+
+    Raises:
+        TransportError: the call failed, or its answer lacks an output (``BAD_ANSWER``).
     """
     size = len(next(iter(inputs.values())))
     parameters = {} if options is None else options.to_parameters()
@@ -240,7 +261,7 @@ async def _call(
         raise upstream_error(exc, offset=start, size=size) from None
     missing = [name for name in outputs if name not in raw]
     if missing:
-        raise _bad_answer(
+        raise bad_answer(
             model,
             f"the upstream's response lacks {', '.join(missing)} (it has "
             f"{', '.join(sorted(raw)) or 'no outputs'})",
@@ -248,8 +269,13 @@ async def _call(
     return raw
 
 
-def _bad_answer(model: str, problem: Any) -> TransportError:
-    """``BAD_ANSWER``: ``model`` answered something the transport cannot read."""
+def bad_answer(model: str, problem: Any) -> TransportError:
+    """``BAD_ANSWER``: ``model`` answered something the transport cannot read.
+
+    Args:
+        model: the model called.
+        problem: what was wrong with its answer.
+    """
     return TransportError(
         ErrorKind.BAD_ANSWER, f"model {model!r} answered something unexpected: {problem}"
     )
@@ -259,7 +285,7 @@ def _embedding_elements(raw: bytes, count: int, model: str) -> list[memoryview]:
     try:
         return bytes_elements(raw, count)
     except ValueError as exc:
-        raise _bad_answer(model, exc) from None
+        raise bad_answer(model, exc) from None
 
 
 async def embed_texts(
@@ -285,7 +311,7 @@ async def embed_texts(
     """
 
     async def call(start: int, stop: int) -> tuple[tuple[list[memoryview], np.ndarray], int]:
-        raw = await _call(
+        raw = await call_model(
             pool,
             model.name,
             {"TEXT": texts[start:stop]},
@@ -297,7 +323,7 @@ async def embed_texts(
         try:
             num_tokens = int32_values(raw["NUM_TOKENS"], count)
         except ValueError as exc:
-            raise _bad_answer(model.name, exc) from None
+            raise bad_answer(model.name, exc) from None
         elements = _embedding_elements(raw["EMBEDDING"], count, model.name)
         return (elements, num_tokens), int(num_tokens.sum())
 
@@ -306,7 +332,7 @@ async def embed_texts(
     bounds = None
     if budget is not None and len(spans) > 1:
         bounds = [budget.bound(texts[start:stop]) for start, stop in spans]
-    results = await _each_piece(len(texts), size, call, budget, bounds)
+    results = await each_piece(len(texts), size, call, budget, bounds)
     elements = [e for piece, _ in results for e in piece]
     return Embeddings(elements, np.concatenate([counts for _, counts in results]))
 
@@ -339,13 +365,13 @@ async def embed_token_ids(
     payloads = list(encode_token_ids(token_ids))
 
     async def call(start: int, stop: int) -> tuple[list[memoryview], int]:
-        raw = await _call(
+        raw = await call_model(
             pool, model.embedder, {"TOKEN_IDS": payloads[start:stop]}, ("EMBEDDING",),
             options, start,
         )  # fmt: skip
         return _embedding_elements(raw["EMBEDDING"], stop - start, model.embedder), 0
 
-    results = await _each_piece(len(payloads), model.embedder_max_batch_size, call)
+    results = await each_piece(len(payloads), model.embedder_max_batch_size, call)
     counts = np.array([len(ids) for ids in token_ids], dtype=np.int32)
     return Embeddings([e for piece in results for e in piece], counts)
 
@@ -367,14 +393,14 @@ async def tokenize(
     """
 
     async def call(start: int, stop: int) -> tuple[list[list[int]], int]:
-        raw = await _call(
+        raw = await call_model(
             pool, model.tokenizer, {"TEXT": texts[start:stop]}, ("TOKEN_IDS",), options, start
         )
         elements = _embedding_elements(raw["TOKEN_IDS"], stop - start, model.tokenizer)
         try:
             return [decode_token_ids(e) for e in elements], 0
         except ValueError as exc:
-            raise _bad_answer(model.tokenizer, exc) from None
+            raise bad_answer(model.tokenizer, exc) from None
 
-    results = await _each_piece(len(texts), model.tokenizer_max_batch_size, call)
+    results = await each_piece(len(texts), model.tokenizer_max_batch_size, call)
     return [ids for piece in results for ids in piece]

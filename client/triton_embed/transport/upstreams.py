@@ -38,7 +38,7 @@ import numpy as np
 
 from triton_embed.admin import grpc_headers, is_refused
 from triton_embed.transport.addresses import Target, address, resolve
-from triton_embed.transport.catalog import Catalog, FolderFacts, ModelInfo, config_facts
+from triton_embed.transport.catalog import Catalog, FolderFacts, config_facts, served_model
 from triton_embed.transport.failures import (
     QUEUE_FULL,
     ErrorKind,
@@ -331,8 +331,10 @@ class UpstreamPool:
             if not upstream.ready:
                 continue
             for name in sorted(upstream.configs):
-                info = ModelInfo.from_configs(
-                    upstream.configs[name], upstream.configs, self._embedder_facts(upstream, name)
+                info = served_model(
+                    upstream.configs[name],
+                    upstream.configs,
+                    lambda: self._embedder_facts(upstream, name),  # noqa: B023 - called at once
                 )
                 if info is not None:
                     infos.append(info)

@@ -1,4 +1,4 @@
-"""The HTTP gateway: OpenAI's and TEI's embedding APIs in front of Triton embedding ensembles.
+"""The HTTP gateway: embedding and rerank APIs in front of Triton embedding and reranker ensembles.
 
 A separate process (``triton-embed gateway``, ``python -m triton_embed_server.gateway``,
 ``GATEWAY_PORT=... scripts/serve.sh``) that speaks the APIs RAG frameworks already use and
@@ -12,6 +12,10 @@ module:
 * :mod:`~.app`: the Starlette app, what every request goes through;
 * :mod:`~.openai_api`: ``/v1/embeddings``, ``/v1/models``;
   :mod:`~.tei_api`: ``/embed``, ``/tokenize``, ``/info``, ``/health``;
+  :mod:`~.rerank_api`: Cohere's and Jina's ``/v1/rerank``, ``/v2/rerank``, TEI's and
+  vLLM's ``/rerank``; :mod:`~.score_api`: vLLM's ``/score``; :mod:`~.pairs`: what a rerank
+  or score request asks, checked, and the call that scores it; :mod:`~.kinds`: which routes
+  serve which kind of model;
 * :mod:`~.body`: the body: declared JSON, bounded in size, time and nesting;
   :mod:`~.inputs`: inputs and options, checked;
 * :mod:`~.merging`: small concurrent requests merged into one upstream call;

@@ -15,19 +15,26 @@ Every route's handler is wrapped by :meth:`Gateway.endpoint`, in this order:
    are cancelled and the answer is 504) and only while its client is there: a client that
    disconnects cancels the handler and its upstream calls (no piece is started after);
 5. its errors rendered in the route's API envelope (:mod:`~triton_embed_server.gateway.errors`;
+   ``/rerank`` speaks TEI's API or vLLM's by its body, and its handler says which;
    a failure of the transport, :class:`~triton_embed.transport.failures.TransportError`, by
    the table over its kind, :func:`~triton_embed_server.gateway.errors.from_transport`);
    any other exception is logged with its traceback and answered 500 with a short message;
    a client that went away (while its body was read or while it was served) is logged in
    one line, without a traceback, and counted as status 499 (nginx's "client closed
    request"), never as a 5xx;
-6. the request counted in the metrics (:mod:`~triton_embed_server.gateway.metrics`).
+6. the request counted in the metrics (:mod:`~triton_embed_server.gateway.metrics`), with
+   the inputs and tokens its handler served.
 
 ==========================  ======  =====================================================
 route                       API     handler
 ==========================  ======  =====================================================
 ``POST /v1/embeddings``     OpenAI  :func:`~triton_embed_server.gateway.openai_api.embeddings`
 ``GET /v1/models``          OpenAI  :func:`~triton_embed_server.gateway.openai_api.models`
+``POST /v1/rerank``         Cohere  :func:`~triton_embed_server.gateway.rerank_api.rerank_v1`
+``POST /v2/rerank``         Cohere  :func:`~triton_embed_server.gateway.rerank_api.rerank_v2`
+``POST /rerank``            TEI     :func:`~triton_embed_server.gateway.rerank_api.rerank`
+``POST /score``             vLLM    :func:`~triton_embed_server.gateway.score_api.score`
+``POST /v1/score``          vLLM    :func:`~triton_embed_server.gateway.score_api.score`
 ``POST /embed``             TEI     :func:`~triton_embed_server.gateway.tei_api.embed`
 ``POST /tokenize``          TEI     :func:`~triton_embed_server.gateway.tei_api.tokenize`
 ``GET /info``               TEI     :func:`~triton_embed_server.gateway.tei_api.info`
@@ -57,17 +64,21 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 from triton_embed.options import RequestOptions, Truncation
-from triton_embed.transport.catalog import ModelInfo
+from triton_embed.transport.catalog import ModelInfo, ModelKind, RerankerInfo, ServedModel
 from triton_embed.transport.failures import TransportError
 from triton_embed.transport.inference import Pool, TokenBudget
 from triton_embed.transport.upstreams import UpstreamPool
 
-from triton_embed_server.gateway import openai_api, protocol, tei_api
+from triton_embed_server.gateway import openai_api, protocol, rerank_api, score_api, tei_api
 from triton_embed_server.gateway.auth import ApiKeyCheck
 from triton_embed_server.gateway.body import read_json_body
 from triton_embed_server.gateway.errors import (
     CLIENT_CLOSED_REQUEST,
+    COHERE,
+    OPENAI,
     QUOTE_CHARS,
+    TEI,
+    BadRequest,
     ClientGone,
     GatewayError,
     Internal,
@@ -80,16 +91,18 @@ from triton_embed_server.gateway.errors import (
     quote,
 )
 from triton_embed_server.gateway.folder_facts import folder_facts
+from triton_embed_server.gateway.kinds import wrong_kind
 from triton_embed_server.gateway.merging import Merger
 from triton_embed_server.gateway.metrics import GatewayMetrics
 from triton_embed_server.gateway.settings import GatewaySettings, configure_logging
 
 log = logging.getLogger("triton_embed.gateway")
 
-OPENAI = "openai"
-TEI = "tei"
 #: Environment variable through which ``--workers`` processes get the settings (JSON).
 SETTINGS_ENV = "TRITON_EMBED_GATEWAY_SETTINGS"
+
+#: The paths whose errors are in Cohere's envelope (404 and 405 too).
+COHERE_PATHS = ("/v1/rerank", "/v2/rerank")
 
 Handler = Callable[["Gateway", Request, "RequestState"], Awaitable[Response]]
 
@@ -101,10 +114,17 @@ class RequestState:
     Attributes:
         model: the model the request resolved to (for the metrics).
         body: a ``POST`` route's body, parsed JSON (read before the handler runs).
+        api: the envelope of its errors when the handler chose it (``/rerank``: TEI's or
+            vLLM's API by the body), else ``None``: the route's.
+        inputs: texts embedded or pairs scored (for the metrics; 0: none).
+        tokens: their tokens, the sum of ``NUM_TOKENS``.
     """
 
     model: str = ""
     body: Any = None
+    api: str | None = None
+    inputs: int = 0
+    tokens: int = 0
 
 
 class Gateway:
@@ -136,6 +156,7 @@ class Gateway:
         self.max_request_tokens = settings.max_request_tokens
         self.max_in_flight = settings.max_in_flight
         self.default_model = settings.default_model
+        self.default_reranker = settings.default_reranker
         self.started_at = int(time.time())
         self.in_flight = 0
 
@@ -144,15 +165,24 @@ class Gateway:
         if not self.pool.any_ready():
             raise Unavailable("no upstream is ready; retry later")
 
-    def model(self, name: str) -> ModelInfo:
-        """The model a request names (ensemble name or alias).
+    def model(self, name: str, kind: ModelKind | None = None) -> Any:
+        """The model a request names (ensemble name or alias), of ``kind`` when given.
+
+        Returns:
+            A :class:`~triton_embed.transport.catalog.ModelInfo` for ``kind`` embedding, a
+            :class:`~triton_embed.transport.catalog.RerankerInfo` for reranker, either
+            without ``kind``.
 
         Raises:
             Unavailable: no upstream is ready.
             NotFound: no ready upstream serves a model of that name (lists the names).
+            BadRequest: it is a model of the other kind (``code`` ``wrong_model_kind``; names
+                its kind and the routes that serve it).
         """
-        info = self.pool.catalog.resolve(name)
+        info: ServedModel | None = self.pool.catalog.resolve(name)
         if info is not None:
+            if kind is not None and info.kind is not kind:
+                raise wrong_kind(name, info.kind, kind)
             return info
         self.require_ready()
         names = ", ".join(self.pool.catalog.names()) or "none"
@@ -160,6 +190,42 @@ class Gateway:
             f"the model {quote(name)} does not exist; the models are: {names} (GET /v1/models)",
             param="model",
         )
+
+    def reranker(self, name: str | None) -> RerankerInfo:
+        """The reranker ``name``, else ``--default-reranker``, else the only one served.
+
+        Raises:
+            Unavailable, NotFound, BadRequest: as :meth:`model`; no reranker is served
+                (404), or several and the request names none (400, lists them).
+        """
+        if name is None:
+            name = self.default_reranker
+        if name is not None:
+            return self.model(name, ModelKind.RERANKER)
+        served = self.pool.catalog.of_kind(ModelKind.RERANKER)
+        if len(served) == 1:
+            return self.model(served[0], ModelKind.RERANKER)
+        self.require_ready()
+        if not served:
+            raise NotFound(
+                "no reranker is served: the upstreams have no reranker ensemble ready "
+                "(docs/rerank.md, 'Adding one'); GET /v1/models lists the models",
+                param="model",
+            )
+        raise BadRequest(
+            f"several rerankers are served ({', '.join(served)}): send 'model', or start the "
+            "gateway with --default-reranker",
+            param="model",
+        )
+
+    def pair_budget(self, model: RerankerInfo, field: str) -> TokenBudget:
+        """The token budget of one rerank or score request (``--max-request-tokens``).
+
+        Args:
+            model: the reranker (a pair has at most its ``max_length`` tokens).
+            field: the request field of the documents, for the message.
+        """
+        return TokenBudget(self.max_request_tokens, model.max_length, field)
 
     def token_budget(self, model: ModelInfo, options: RequestOptions, field: str) -> TokenBudget:
         """The token budget of one embedding request to ``model`` (``--max-request-tokens``).
@@ -189,7 +255,7 @@ class Gateway:
 
         Args:
             route: the path, the ``route`` label of the metrics.
-            api: :data:`OPENAI` or :data:`TEI`: the error envelope.
+            api: :data:`OPENAI`, :data:`TEI` or :data:`COHERE`: the error envelope.
             handler: the route's handler.
             public: no API key needed.
             counted: counts against ``--max-in-flight``.
@@ -221,7 +287,7 @@ class Gateway:
                 error = from_transport(failed) if isinstance(failed, TransportError) else failed
                 if error.status >= 500:
                     log.warning("%s %s: %d %s", request.method, route, error.status, error)
-                response = error_response(error, api)
+                response = error_response(error, state.api or api)
             except ClientGone as gone:
                 log.info("%s %s: %s; counted as %d", request.method, route, gone,
                          CLIENT_CLOSED_REQUEST)  # fmt: skip
@@ -229,14 +295,21 @@ class Gateway:
             except Exception:
                 log.exception("%s %s failed", request.method, route)
                 response = error_response(
-                    Internal("internal error in the gateway; its log has the details"), api
+                    Internal("internal error in the gateway; its log has the details"),
+                    state.api or api,
                 )
             finally:
                 if entered:
                     self.in_flight -= 1
                     self.metrics.in_flight.dec()
+            served = response.status_code == 200
             self.metrics.observe(
-                route, state.model, response.status_code, time.perf_counter() - started
+                route,
+                state.model,
+                response.status_code,
+                time.perf_counter() - started,
+                state.inputs if served else 0,
+                state.tokens if served else 0,
             )
             return response
 
@@ -287,7 +360,8 @@ class Gateway:
 
 def error_response(error: GatewayError, api: str) -> Response:
     """``error`` as a response in the envelope of ``api``."""
-    body = error.openai_body() if api == OPENAI else error.tei_body()
+    envelopes = {OPENAI: error.openai_body, TEI: error.tei_body, COHERE: error.cohere_body}
+    body = envelopes[api]()
     return Response(
         orjson.dumps(body),
         status_code=error.status,
@@ -300,13 +374,14 @@ async def _no_route(request: Request, exc: HTTPException) -> Response:
     """An unknown path (404) or method (405), in the envelope its path suggests."""
     path = request.url.path
     path = path if len(path) <= QUOTE_CHARS else quote(path)
-    api = OPENAI if path.startswith("/v1/") else TEI
+    api = COHERE if path in COHERE_PATHS else OPENAI if path.startswith("/v1/") else TEI
     if exc.status_code == 405:
         error: GatewayError = MethodNotAllowed(f"{path} does not take {request.method}")
     else:
         error = NotFound(
             f"no route {request.method} {path}; the routes are POST /v1/embeddings, GET "
-            "/v1/models, POST /embed, POST /tokenize, GET /info, GET /health, GET /metrics "
+            "/v1/models, POST /v1/rerank, POST /v2/rerank, POST /score, POST /v1/score, "
+            "POST /embed, POST /tokenize, POST /rerank, GET /info, GET /health, GET /metrics "
             "(and TEI's POST /, POST /invocations, GET /, GET /ping)",
             code="unknown_route",
         )
@@ -331,6 +406,15 @@ def build_app(gateway: Gateway, *, lifespan: Callable | None = None) -> Starlett
             methods=["POST"],
         ),
         Route("/v1/models", e("/v1/models", OPENAI, openai_api.models), methods=["GET"]),
+        Route(
+            "/v1/rerank", e("/v1/rerank", COHERE, rerank_api.rerank_v1, body=True), methods=["POST"]
+        ),
+        Route(
+            "/v2/rerank", e("/v2/rerank", COHERE, rerank_api.rerank_v2, body=True), methods=["POST"]
+        ),
+        Route("/rerank", e("/rerank", TEI, rerank_api.rerank, body=True), methods=["POST"]),
+        Route("/score", e("/score", OPENAI, score_api.score, body=True), methods=["POST"]),
+        Route("/v1/score", e("/v1/score", OPENAI, score_api.score, body=True), methods=["POST"]),
         Route("/embed", e("/embed", TEI, tei_api.embed, body=True), methods=["POST"]),
         Route("/tokenize", e("/tokenize", TEI, tei_api.tokenize, body=True), methods=["POST"]),
         Route("/info", e("/info", TEI, tei_api.info, counted=False), methods=["GET"]),

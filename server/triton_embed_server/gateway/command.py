@@ -87,6 +87,12 @@ _FLAGS = (
         "the model of the TEI routes /embed, /tokenize, /info (default %(default)s)",
     ),
     (
+        "--default-reranker",
+        str,
+        "the reranker of TEI's /rerank and of rerank or score requests without a model "
+        "(default: the only reranker the servers have)",
+    ),
+    (
         "--timeout-s",
         positive_float,
         "deadline of one upstream call, seconds; past it 504 (default %(default)s)",
@@ -132,9 +138,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g = subparsers.add_parser(
         "gateway",
         help="OpenAI- and TEI-compatible HTTP gateway in front of one or more servers",
-        description="Serve POST /v1/embeddings, GET /v1/models (OpenAI) and /embed, "
-        "/tokenize, /info, /health (text-embeddings-inference) over HTTP, calling the "
-        "servers' embedding ensembles over gRPC (docs/operations.md, 'Gateway').",
+        description="Serve POST /v1/embeddings, GET /v1/models (OpenAI), /embed, "
+        "/tokenize, /rerank, /info, /health (text-embeddings-inference), POST /v1/rerank, "
+        "/v2/rerank (Cohere, Jina) and /score (vLLM) over HTTP, calling the servers' "
+        "embedding and reranker ensembles over gRPC (docs/operations.md, 'Gateway').",
     )
     add_gateway_args(g)
     g.set_defaults(run=run_from_args)

@@ -8,10 +8,15 @@ the route belongs to:
 * OpenAI (``/v1/...``): ``{"error": {"message", "type", "param", "code"}}``, the shape of
   OpenAI's API reference ("Error codes"), which the ``openai`` SDK reads into
   ``APIStatusError.body``.
-* TEI (``/embed``, ``/tokenize``, ...): ``{"error": "...", "error_type": "..."}``,
-  text-embeddings-inference's ``ErrorResponse`` (``router/src/lib.rs``; ``error_type`` is
-  one of its ``ErrorType`` names: ``Validation``, ``Empty``, ``Overloaded``, ``Backend``,
-  ``Unhealthy``, plus ``Unauthorized`` and ``NotFound``, which TEI answers without a body).
+* TEI (``/embed``, ``/tokenize``, ``/rerank`` with ``texts``, ...): ``{"error": "...",
+  "error_type": "..."}``, text-embeddings-inference's ``ErrorResponse`` (``router/src/lib.rs``;
+  ``error_type`` is one of its ``ErrorType`` names: ``Validation``, ``Empty``,
+  ``Overloaded``, ``Backend``, ``Unhealthy``, plus ``Unauthorized`` and ``NotFound``, which
+  TEI answers without a body).
+* Cohere (``/v1/rerank``, ``/v2/rerank``, which Jina's API shares): ``{"message": "..."}``,
+  the body of Cohere's error responses, which the ``cohere`` SDK puts in
+  ``ApiError.body`` (it reads the status, not the body's fields). vLLM's ``/score`` and its
+  ``/rerank`` (``documents``) answer in OpenAI's envelope, as vLLM does.
 
 error (status): OpenAI ``type`` / ``code``; TEI ``error_type``
 
@@ -47,6 +52,8 @@ from triton_embed.transport.failures import ErrorKind, TransportError
 
 #: Seconds a refused client is asked to wait (``Retry-After``) before sending again.
 RETRY_AFTER_S = 1
+#: The envelopes, by the API that uses them (a route's ``api``).
+OPENAI, TEI, COHERE = "openai", "tei", "cohere"
 
 
 class GatewayError(Exception):
@@ -114,6 +121,10 @@ class GatewayError(Exception):
     def tei_body(self) -> dict[str, Any]:
         """TEI's error envelope."""
         return {"error": self.message, "error_type": self.tei_type}
+
+    def cohere_body(self) -> dict[str, Any]:
+        """Cohere's error envelope (also the ``/v1/rerank`` answer to Jina's clients)."""
+        return {"message": self.message}
 
 
 _INVALID = "invalid_request_error"

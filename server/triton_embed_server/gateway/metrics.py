@@ -10,6 +10,11 @@ Families (docs/operations.md, "Metric catalogue"):
   :mod:`~triton_embed_server.gateway.protocol`);
 * ``triton_embed_gateway_request_duration_seconds{route}``: histogram of the time from the
   request's arrival to its answer;
+* ``triton_embed_gateway_inputs_total{route, model}``: inputs of the answered requests
+  (200): texts (or token-ID lists) of an embedding route, query-document pairs of a rerank
+  or score route (``/v1/rerank``, ``/v2/rerank``, ``/rerank``, ``/score``);
+* ``triton_embed_gateway_tokens_total{route, model}``: their tokens, the sum of the
+  ensemble's ``NUM_TOKENS`` (what ``usage`` reports);
 * ``triton_embed_gateway_in_flight``: requests in the gateway now (what ``--max-in-flight``
   bounds);
 * ``triton_embed_gateway_upstream_up{upstream}``: 1 while an upstream (``ip:port``) is
@@ -105,6 +110,18 @@ class GatewayMetrics:
             kind="histogram",
             buckets=DURATION_BUCKETS_S,
         )
+        self.inputs = family(
+            "triton_embed_gateway_inputs_total",
+            "Inputs of answered requests: texts embedded, or query-document pairs scored.",
+            *("route", "model"),
+            kind="counter",
+        )
+        self.tokens = family(
+            "triton_embed_gateway_tokens_total",
+            "Tokens of answered requests (the sum of NUM_TOKENS, as usage reports it).",
+            *("route", "model"),
+            kind="counter",
+        )
         self.in_flight = family(
             "triton_embed_gateway_in_flight", "Requests in the gateway now.", kind="gauge"
         )
@@ -126,10 +143,15 @@ class GatewayMetrics:
             buckets=MERGED_REQUESTS_BUCKETS,
         )
 
-    def observe(self, route: str, model: str, status: int, seconds: float) -> None:
-        """Count one answered request."""
+    def observe(
+        self, route: str, model: str, status: int, seconds: float, inputs: int = 0, tokens: int = 0
+    ) -> None:
+        """Count one answered request, and the inputs and tokens it had served (if any)."""
         self.requests.labels(route, model, str(status)).inc()
         self.duration.labels(route).observe(seconds)
+        if inputs:
+            self.inputs.labels(route, model).inc(inputs)
+            self.tokens.labels(route, model).inc(tokens)
 
     def set_upstream(self, upstream: str, up: bool) -> None:
         """Record whether ``upstream`` is in use."""

@@ -22,9 +22,12 @@ The answer is OpenAI's shape, ``{"object": "list", "data": [{"object": "embeddin
 "index": i, "embedding": [...] | "<base64>"}], "model": <as requested>, "usage":
 {"prompt_tokens": N, "total_tokens": N}}``, N the sum of ``NUM_TOKENS``.
 
-``GET /v1/models`` lists every name ``model`` accepts: each ensemble and each alias, in
-OpenAI's list shape plus ``root`` (the ensemble a name stands for, as vLLM writes it),
-``dimension`` and ``max_length`` (the token budget per text).
+``GET /v1/models`` lists every name ``model`` accepts: each ensemble and each alias, of
+both kinds, in OpenAI's list shape plus ``root`` (the ensemble a name stands for, as vLLM
+writes it), ``kind`` (``embedding`` or ``reranker``), ``dimension`` (``null`` for a
+reranker) and ``max_length`` (the token budget per text, or per query-document pair).
+
+``model`` naming a reranker is 400 (``wrong_model_kind``, naming the routes that serve it).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from triton_embed.options import RequestOptions
 from triton_embed.transport import inference
-from triton_embed.transport.catalog import ModelInfo
+from triton_embed.transport.catalog import ModelInfo, ModelKind
 
 from triton_embed_server.gateway.errors import BadRequest, quote
 from triton_embed_server.gateway.inputs import (
@@ -192,8 +195,10 @@ def render_embeddings(model: str, embeddings: inference.Embeddings, encoding: st
 
 async def embeddings(gateway: Gateway, request: Request, state: RequestState) -> Response:
     """``POST /v1/embeddings`` (its body already read: ``state.body``)."""
-    parsed = parse_embeddings_request(state.body, gateway.model)
-    model = parsed.info or gateway.model(parsed.model)
+    parsed = parse_embeddings_request(
+        state.body, lambda name: gateway.model(name, ModelKind.EMBEDDING)
+    )
+    model = parsed.info or gateway.model(parsed.model, ModelKind.EMBEDDING)
     state.model = model.name
     check_not_empty(parsed.inputs, model, "input")
     budget = gateway.token_budget(model, parsed.options, "input")
@@ -205,6 +210,8 @@ async def embeddings(gateway: Gateway, request: Request, state: RequestState) ->
         result = await inference.embed_token_ids(
             gateway.pool, model, parsed.inputs.token_ids or [], parsed.options, budget
         )
+    state.inputs = len(parsed.inputs)
+    state.tokens = int(result.num_tokens.sum())
     return Response(
         render_embeddings(parsed.model, result, parsed.encoding_format), media_type=JSON
     )
@@ -225,7 +232,8 @@ def render_models(gateway: Gateway) -> bytes:
                 "created": gateway.started_at,
                 "owned_by": OWNED_BY,
                 "root": info.name,
-                "dimension": info.dimension,
+                "kind": info.kind.value,
+                "dimension": info.dimension if isinstance(info, ModelInfo) else None,
                 "max_length": info.max_length,
             }
         )

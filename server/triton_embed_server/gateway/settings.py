@@ -85,6 +85,8 @@ class GatewaySettings:
             small text requests wait and are merged into one call (0: no merging;
             :mod:`~triton_embed_server.gateway.merging`).
         default_model: the model of the TEI routes.
+        default_reranker: the reranker of TEI's ``/rerank`` and of a rerank or score request
+            without ``model`` (``None``: the only reranker the upstreams serve).
         timeout_s: deadline of a request's upstream work, seconds: its pieces still running
             then are cancelled and the request is answered 504.
         workers: uvicorn worker processes.
@@ -103,6 +105,7 @@ class GatewaySettings:
     max_in_flight: int = 512
     merge_in_flight: int = 0
     default_model: str = DEFAULT_MODEL
+    default_reranker: str | None = None
     timeout_s: float = 60.0
     workers: int = 1
     log_level: str = "info"
@@ -141,6 +144,7 @@ class GatewaySettings:
             max_in_flight=args.max_in_flight,
             merge_in_flight=args.merge_in_flight,
             default_model=args.default_model,
+            default_reranker=args.default_reranker,
             timeout_s=args.timeout_s,
             workers=args.workers,
             log_level=args.log_level,

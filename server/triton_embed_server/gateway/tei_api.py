@@ -21,7 +21,11 @@ TEI serves one model; these routes use the gateway's default model (``--default-
   The step returns IDs only, so ``text``, ``special``, ``start`` and ``stop`` are ``null``
   (TEI fills them from the tokenizer's offsets). ``add_special_tokens: false`` is 400: the
   step always adds the model's special tokens.
-* ``GET /info``: TEI's ``Info`` object from the model's config.
+* ``GET /info``: TEI's ``Info`` object from the model's config; ``model_type`` is
+  ``{"embedding": {"pooling": ...}}``, or for a reranker ``{"reranker": {"id2label":
+  {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}}`` (TEI's one-label classifier, the label
+  ``transformers`` names by default) with the gateway's ``family``. ``--default-model`` may
+  name a reranker: ``/info`` then describes it, and ``/embed`` refuses it (400).
 * ``GET /health``: 200 (empty body) while at least one upstream is ready, else 503.
 * TEI's base-URL routes (``router/src/http/server.rs``): ``POST /`` and ``POST
   /invocations`` (SageMaker) are ``/embed`` (what TEI maps them to for an embedding model;
@@ -42,8 +46,9 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from triton_embed.options import RequestOptions, Truncation
+from triton_embed.reranking import MAX_DOCUMENTS
 from triton_embed.transport import inference
-from triton_embed.transport.catalog import ModelInfo
+from triton_embed.transport.catalog import ModelInfo, ModelKind, RerankerInfo
 
 from triton_embed_server.gateway.errors import BadRequest, Unavailable, quote
 from triton_embed_server.gateway.inputs import (
@@ -147,7 +152,7 @@ def l2_normalized(matrix: np.ndarray) -> np.ndarray:
 
 async def embed(gateway: Gateway, request: Request, state: RequestState) -> Response:
     """``POST /embed`` (also ``POST /`` and ``POST /invocations``, as TEI routes them)."""
-    model = gateway.model(gateway.default_model)
+    model = gateway.model(gateway.default_model, ModelKind.EMBEDDING)
     state.model = model.name
     inputs, options, normalize = parse_embed_request(state.body, model)
     check_not_empty(inputs, model, "inputs")
@@ -158,6 +163,8 @@ async def embed(gateway: Gateway, request: Request, state: RequestState) -> Resp
         result = await inference.embed_token_ids(
             gateway.pool, model, inputs.token_ids or [], options, budget
         )
+    state.inputs = len(inputs)
+    state.tokens = int(result.num_tokens.sum())
     matrix = result.matrix()
     if normalize:
         matrix = l2_normalized(matrix)
@@ -190,7 +197,7 @@ def parse_tokenize_request(body: Any) -> tuple[list[bytes], RequestOptions]:
 
 async def tokenize(gateway: Gateway, request: Request, state: RequestState) -> Response:
     """``POST /tokenize`` (its body already read: ``state.body``)."""
-    model = gateway.model(gateway.default_model)
+    model = gateway.model(gateway.default_model, ModelKind.EMBEDDING)
     state.model = model.name
     texts, options = parse_tokenize_request(state.body)
     check_not_empty(Inputs(texts=texts), model, "inputs")
@@ -210,7 +217,11 @@ def version() -> str:
         return "unknown"
 
 
-def render_info(gateway: Gateway, model: ModelInfo) -> dict[str, Any]:
+#: TEI's ``model_type`` of a reranker: a one-label classifier (``transformers``' label name).
+RERANKER_TYPE = {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}
+
+
+def render_info(gateway: Gateway, model: ModelInfo | RerankerInfo) -> dict[str, Any]:
     """TEI's ``Info`` for ``model``; what the config does not state is ``null`` or left out."""
     info: dict[str, Any] = {
         "model_id": model.served_model_name or model.name,
@@ -218,6 +229,19 @@ def render_info(gateway: Gateway, model: ModelInfo) -> dict[str, Any]:
         "model_dtype": model.dtype,
         "served_model_name": model.name,
     }
+    if isinstance(model, RerankerInfo):
+        info["model_type"] = {"reranker": {**RERANKER_TYPE, "family": model.family}}
+        info.update(
+            {
+                "max_concurrent_requests": gateway.max_in_flight,
+                "max_input_length": model.max_length,
+                "max_batch_requests": model.max_batch_size,
+                "max_client_batch_size": MAX_DOCUMENTS,
+                "auto_truncate": False,
+                "version": version(),
+            }
+        )
+        return info
     if model.pooling is not None:
         info["model_type"] = {"embedding": {"pooling": model.pooling}}
     info.update(

@@ -255,3 +255,108 @@ def test_perf_analyzer_loads_the_reranker_ensemble(server, tmp_path):
     report = (tmp_path / "report.csv").read_text().splitlines()
     header, row = report[0].split(","), report[1].split(",")
     assert float(row[header.index("Inferences/Second")]) > 0
+
+
+# ---- the client library, the CLI and the gateway, against the real server -----------------
+
+API_KEY = "rerank-gateway-key-0d7a"
+
+
+@pytest.fixture(scope="module")
+def rerank_client(server):
+    from triton_embed import EmbeddingClient
+
+    with EmbeddingClient(server.grpc_url, admin_key=server.admin_key, model="rerank") as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def gateway(server):
+    from triton_embed_server.run.launcher import Gateway
+
+    with Gateway(
+        [server.grpc_url],
+        server.admin_key,
+        api_key=API_KEY,
+        model="rerank",
+        extra_args=["--default-reranker", "rerank"],
+    ) as gw:
+        yield gw
+
+
+def test_the_client_ranks_300_documents_as_crossencoder(rerank_client, folders):
+    query = "a fortune about computers"
+    documents = fortune_texts(300, seed=37, max_chars=200)
+    result = rerank_client.rerank(query, documents, top_n=10)
+    want = cross_encoder_scores(folders["rerank"], [(query, d) for d in documents])
+    best = np.argsort(-want, kind="stable")[:10]
+    assert result.indices.tolist() == best.tolist()
+    np.testing.assert_allclose(result.scores, want[best], atol=ATOL)
+    assert result.num_tokens.shape == (300,)
+
+
+def test_the_cli_prints_the_ranking(server, tmp_path, folders):
+    documents = fortune_texts(20, seed=38, max_chars=120)
+    path = tmp_path / "docs.txt"
+    path.write_text("\n".join(d.replace("\n", " ") for d in documents) + "\n")
+    out = cli("rerank", "what is love?", "--documents", str(path), "--url", server.grpc_url,
+              "--model", "rerank", "--top-n", "3", "--json",
+              "--batch-size", "64").stdout  # fmt: skip
+    ranking = json.loads(out)
+    want = cross_encoder_scores(
+        folders["rerank"], [("what is love?", d.replace("\n", " ")) for d in documents]
+    )
+    results = ranking["results"] if isinstance(ranking, dict) else ranking
+    assert [r["index"] for r in results] == np.argsort(-want, kind="stable")[:3].tolist()
+
+
+def test_the_cohere_sdk_and_tei_route_rerank_through_the_gateway(gateway, folders):
+    import cohere
+    import httpx
+
+    query = "what do you do on a rainy day?"
+    documents = fortune_texts(40, seed=39, max_chars=160)
+    want = cross_encoder_scores(folders["rerank"], [(query, d) for d in documents])
+    order = np.argsort(-want, kind="stable")
+    client = cohere.ClientV2(api_key=API_KEY, base_url=gateway.base_url)
+    response = client.rerank(model="rerank", query=query, documents=documents, top_n=5)
+    assert [r.index for r in response.results] == order[:5].tolist()
+    np.testing.assert_allclose(
+        [r.relevance_score for r in response.results], want[order[:5]], atol=ATOL
+    )
+    tei = httpx.post(
+        f"{gateway.base_url}/rerank",
+        json={"query": query, "texts": documents, "raw_scores": False, "truncate": True},
+        headers={"Authorization": f"Bearer {API_KEY}"},
+        timeout=60,
+    )
+    assert tei.status_code == 200, tei.text
+    assert [r["index"] for r in tei.json()] == order.tolist()
+    score = httpx.post(
+        f"{gateway.base_url}/score",
+        json={"model": "rerank", "text_1": query, "text_2": documents[:3]},
+        headers={"Authorization": f"Bearer {API_KEY}"},
+        timeout=60,
+    )
+    assert score.status_code == 200, score.text
+    np.testing.assert_allclose([d["score"] for d in score.json()["data"]], want[:3], atol=ATOL)
+
+
+def test_the_gateway_refuses_an_empty_list_and_the_wrong_kind(gateway):
+    import httpx
+
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    empty = httpx.post(
+        f"{gateway.base_url}/v1/rerank",
+        json={"model": "rerank", "query": "q", "documents": []},
+        headers=headers,
+        timeout=30,
+    )
+    assert empty.status_code == 400 and "documents" in empty.text
+    wrong = httpx.post(
+        f"{gateway.base_url}/v1/embeddings",
+        json={"model": "rerank", "input": ["x"]},
+        headers=headers,
+        timeout=30,
+    )
+    assert wrong.status_code == 400 and "reranker" in wrong.text

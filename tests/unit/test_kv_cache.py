@@ -300,11 +300,15 @@ def test_the_supervisor_refuses_to_start_engines_that_do_not_fit(tmp_path, monke
 
 def test_the_shipped_repository_fits_this_host():
     from triton_embed_server.models.repository.copies import MODEL_REPOSITORY
+    from triton_embed_server.steps.config import served_dtype
 
     needs = node_memory.engine_needs([MODEL_REPOSITORY])
     assert [(n.model, n.kv_cache_bytes) for n in needs] == [("embedder", 0), ("embedder", 0)]
-    # the float32 checkpoint, loaded at the shipped bfloat16: half its bytes
-    assert needs[0].weight_bytes == (MODEL_PATH / "model.safetensors").stat().st_size // 2
+    # the float32 checkpoint, loaded at the shipped bfloat16 (half its bytes) where the CPUs
+    # multiply bfloat16, else at float32 (the embedder's fallback)
+    size = (MODEL_PATH / "model.safetensors").stat().st_size
+    served = served_dtype(MODEL_REPOSITORY / "embedder")
+    assert needs[0].weight_bytes == (size // 2 if served == "bfloat16" else size)
     node_memory.require_fit(needs)
 
 

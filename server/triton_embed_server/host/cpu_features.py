@@ -6,8 +6,10 @@ and later) or AMX_BF16 (Intel Sapphire Rapids and later). Without them oneDNN em
 bfloat16 and the engine runs slower than in float32, so :func:`engine_dtype` falls back to
 float32 there and says why (the embedder logs it). The flags are the kernel's names in
 ``/proc/cpuinfo`` (``flags`` lines; Linux ``arch/x86/include/asm/cpufeatures.h``).
-AVX512_VNNI is int8's (``vpdpbusd``), reported by ``triton-embed doctor``-style checks and
-the precision benchmark.
+AVX512_VNNI (or AVX-VNNI, or AMX_INT8) is int8's (``vpdpbusd``): without it vLLM's int8
+kernels take oneDNN's AVX2 path, measured here far off float32 (cosine to the float32
+vectors down to 0.49 on a test model, where VNNI hosts give 0.99), so :func:`int8_note`
+says so wherever int8 is made or served.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from pathlib import Path
 CPUINFO = Path("/proc/cpuinfo")
 #: The instructions that make bfloat16 matrix multiplies fast, best first.
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")
-#: The instruction of int8 dot products (u8 x s8 -> s32) on AVX-512.
-INT8_FLAGS = ("amx_int8", "avx512_vnni")
+#: The instructions of int8 dot products (u8 x s8 -> s32), best first.
+INT8_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni")
 #: Engine dtypes that need one of :data:`BF16_FLAGS` on a CPU to be worth running.
 NEEDS_BF16 = frozenset({"bfloat16"})
 
@@ -50,6 +52,22 @@ def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
 def bf16_instruction(flags: frozenset[str]) -> str | None:
     """The best of :data:`BF16_FLAGS` that ``flags`` holds, or ``None``."""
     return next((f for f in BF16_FLAGS if f in flags), None)
+
+
+def int8_note(flags: frozenset[str]) -> str | None:
+    """Why int8 is not to be trusted on these CPUs (None where they have an int8 instruction).
+
+    Args:
+        flags: :func:`cpu_flags` of the host.
+    """
+    if any(f in flags for f in INT8_FLAGS):
+        return None
+    return (
+        f"these CPUs have none of {', '.join(INT8_FLAGS)} (/proc/cpuinfo flags): vLLM's int8 "
+        "kernels run on oneDNN's AVX2 path here, measured far off float32 (cosine down to "
+        "0.49 on a test model); make and serve int8 models on CPUs with VNNI, or serve "
+        "float32 or bfloat16 here"
+    )
 
 
 def engine_dtype(requested: str, flags: frozenset[str]) -> tuple[str, str | None]:

@@ -186,6 +186,7 @@ def register(subparsers) -> None:
 
 def run_quantize(args) -> int | None:
     """``triton-embed quantize``: 1 when the copy fails the gate (and is removed)."""
+    from triton_embed_server.host.cpu_features import cpu_flags, int8_note
     from triton_embed_server.models import accuracy
     from triton_embed_server.models.model_files import resolve_model_path
     from triton_embed_server.models.model_spec import read_model_spec
@@ -193,6 +194,9 @@ def run_quantize(args) -> int | None:
     source = resolve_model_path(args.model)
     result = quantize(source, args.out, tuple(args.keep_float))
     print(describe(result), flush=True)
+    note = int8_note(cpu_flags())
+    if note is not None:
+        print(f"note: {note}; the gate below measures this host", flush=True)
     if args.no_gate:
         return None
     spec = read_model_spec(source)

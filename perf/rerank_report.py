@@ -118,12 +118,14 @@ def _cell(values: dict, fmt: str = ",.0f") -> str:
     )
 
 
-def summarize(rows: list[dict], notes: dict[str, str], out_dir: Path) -> str:
+def summarize(rows: list[dict], facts: dict, out_dir: Path) -> str:
     """The markdown summary; also written to ``<out_dir>/summary.md``.
 
     Args:
         rows: every run.
-        notes: contender -> why it was not measured (``skipped: ...``).
+        facts: the run's facts (:func:`perf.rerank.run`): ``skipped`` (contender -> why it
+            was not measured), and where known ``started``, ``cpus``, ``idle_cpu_percent``
+            (the machine's CPU with every server up and idle: how quiet it was).
         out_dir: where ``summary.md`` goes.
 
     Returns:
@@ -140,6 +142,11 @@ def summarize(rows: list[dict], notes: dict[str, str], out_dir: Path) -> str:
         "(the contenders in turn at each point); median over the rounds, each round in "
         "brackets. The engine has no requests: its figure is per length.",
     ]
+    if "idle_cpu_percent" in facts:
+        lines.append(
+            f"Run of {facts.get('started')} on {facts.get('cpus')} CPUs; the machine's CPU with "
+            f"every server up and idle: {facts['idle_cpu_percent']:.1f}% (other work on the host)."
+        )
     for key, unit in (("pairs_s", "pairs/s"), ("tokens_s", "tokens/s")):
         lines += ["", f"| {unit} | {header} |", "|---|" + "---|" * len(grid)]
         for c in present:
@@ -181,6 +188,7 @@ def summarize(rows: list[dict], notes: dict[str, str], out_dir: Path) -> str:
             f"Runs with errors (left out of the figures): {len(failed)}; first: "
             f"{failed[0]['contender']}: {failed[0].get('detail', '')}"
         )
+    notes = facts.get("skipped") or {}
     if notes:
         lines += ["", "Not measured:", ""]
         lines += [f"- {c}: skipped: {why}" for c, why in notes.items()]

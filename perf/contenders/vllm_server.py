@@ -60,6 +60,10 @@ class VllmServer:
         self.log = tempfile.NamedTemporaryFile(prefix="vllm-server-", suffix=".log", delete=False)
 
     def __enter__(self) -> VllmServer:
+        return self.start().wait_ready()
+
+    def start(self) -> VllmServer:
+        """Start the server's process; returns at once (:meth:`wait_ready` waits for it)."""
         cmd = [
             sys.executable,
             "-m",
@@ -86,8 +90,17 @@ class VllmServer:
         self.proc = subprocess.Popen(
             cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
-        problem = wait_healthy(self.proc, f"http://127.0.0.1:{self.port}/health", 300)
+        return self
+
+    def wait_ready(self, timeout_s: float = 300.0) -> VllmServer:
+        """Wait until ``/health`` answers.
+
+        Raises:
+            RuntimeError: it exited or was not ready within ``timeout_s`` (it is stopped).
+        """
+        problem = wait_healthy(self.proc, f"http://127.0.0.1:{self.port}/health", timeout_s)
         if problem:
+            self.__exit__()
             raise RuntimeError(f"vLLM server {problem}; log: {self.log.name}")
         return self
 

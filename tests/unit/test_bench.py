@@ -349,6 +349,9 @@ def test_command_line_flags():
         "perf.gateway_profile",
         "perf.engine_options",
         "perf.contenders.sentence_transformers",
+        "perf.rerank",
+        "perf.cross_encoder",
+        "perf.contenders.rerank_engine",
     ],
 )
 def test_programs_run_as_modules_from_the_repository_root(module):

@@ -156,7 +156,8 @@ def test_token_counts_that_differ_from_the_pairs_are_named():
 
 def test_summary_gives_the_figures_the_verdicts_and_what_was_skipped(tmp_path):
     notes = {"gateway": "no rerank route yet", "infinity": "not installed"}
-    text = rerank_report.summarize(ROWS, notes, tmp_path)
+    facts = {"skipped": notes, "started": "2026-12-07 04:00:00", "cpus": 2, "idle_cpu_percent": 3.0}
+    text = rerank_report.summarize(ROWS, facts, tmp_path)
     assert (tmp_path / "summary.md").read_text() == text
     assert "| tokens/s | 64 tok x 16 docs | 256 tok x 64 docs |" in text
     assert "| triton_grpc | 9,000 (9,000 / 8,000 / 10,000) | 4,000 |" in text
@@ -172,6 +173,7 @@ def test_summary_gives_the_figures_the_verdicts_and_what_was_skipped(tmp_path):
     assert "Runs with errors (left out of the figures): 1" in text
     assert "- gateway: skipped: no rerank route yet" in text
     assert "- infinity: skipped: not installed" in text
+    assert "on 2 CPUs; the machine's CPU with every server up and idle: 3.0%" in text
 
 
 # --- the rerank load generator -----------------------------------------------------------

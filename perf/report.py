@@ -176,14 +176,20 @@ def _verdict(ratio: float | None, target: float | None) -> str:
     return f"target {target:.2f}: {'met' if ratio >= target else 'NOT met'}"
 
 
-def round_bests(rows: list[dict], contenders: tuple[str, ...], length: int, batch: int) -> dict:
-    """Per round, the best tokens/s over the concurrency sweep of any of ``contenders``.
+def round_bests(
+    rows: list[dict],
+    contenders: tuple[str, ...],
+    length: int,
+    batch: int,
+    key: str = "tokens_s",
+) -> dict:
+    """Per round, the best ``key`` (tokens/s) over the concurrency sweep of any of ``contenders``.
 
     ``contenders`` of more than one name give "the better of them" in each round (vLLM's
     server: the better of its two encodings). Runs with errors never count.
 
     Returns:
-        ``{round: tokens/s}``.
+        ``{round: best value}``.
     """
     out: dict[int, float] = {}
     for r in rows:
@@ -193,7 +199,7 @@ def round_bests(rows: list[dict], contenders: tuple[str, ...], length: int, batc
             and r["batch"] == batch
             and not r["errors"]
         ):
-            out[r["round"]] = max(out.get(r["round"], 0.0), r["tokens_s"])
+            out[r["round"]] = max(out.get(r["round"], 0.0), r[key])
     return out
 
 

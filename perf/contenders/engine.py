@@ -4,7 +4,9 @@
 (``python -m perf.contenders.engine``) pinned to its own CPU slice. A replica loads its
 engine, prints ``READY``, waits for a line on stdin (so every replica starts together),
 embeds whole passes over the corpus for the given seconds, and prints
-``RESULT {"texts_s": ..., "tokens_per_text": ...}``.
+``RESULT {"texts_s": ..., "tokens_per_text": ...}``. :func:`pinned_replicas` and
+:func:`measure_when_told` are the two sides of that protocol, shared with the reranking
+benchmark's engine (:mod:`perf.contenders.rerank_engine`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 from triton_embed_server.run.launcher import REPO_ROOT
 
@@ -38,72 +41,99 @@ def engine_ceiling(length: int, seconds: float, replicas: int, options: dict | N
     Raises:
         RuntimeError: a replica failed to start or to report.
     """
+    args = ["--length", str(length), "--seconds", str(seconds)]
+    results = pinned_replicas(
+        "perf.contenders.engine", args + ["--options", json.dumps(options or {})], replicas
+    )
+    return {
+        "texts_s": sum(r["texts_s"] for r in results),
+        "p50_ms": None,
+        "p99_ms": None,
+        "errors": 0,
+        "tokens_per_text": results[-1]["tokens_per_text"],
+    }
+
+
+def pinned_replicas(module: str, args: list[str], replicas: int) -> list[dict]:
+    """Run ``replicas`` engine child processes side by side, each on its own CPU slice.
+
+    Each child is ``python -m <module> --cpus <its slice> <args>`` with ``OMP_NUM_THREADS``
+    and ``VLLM_CPU_OMP_THREADS_BIND`` set to its slice; it follows the protocol of
+    :func:`measure_when_told`. Every replica is told to start once all are ready; the
+    children are killed at the end, also on failure.
+
+    Args:
+        module: the child's module (it takes ``--cpus``).
+        args: its further arguments.
+        replicas: how many (``1``: one child with every CPU of this process).
+
+    Returns:
+        Each replica's ``RESULT`` object, in replica order.
+
+    Raises:
+        RuntimeError: a replica failed to start or to report.
+    """
     from triton_embed_server.host.placement.slicing import cpu_slice
 
     cpus = sorted(os.sched_getaffinity(0))
     procs = []
-    for i in range(replicas):
-        mine = cpu_slice(cpus, i, replicas)
-        env = dict(
-            os.environ,
-            VLLM_ENABLE_V1_MULTIPROCESSING="0",
-            HF_HUB_OFFLINE="1",
-            OMP_NUM_THREADS=str(len(mine)),
-            VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, mine)),
-        )
-        cmd = [
-            sys.executable,
-            "-m",
-            "perf.contenders.engine",
-            "--cpus",
-            ",".join(map(str, mine)),
-            "--length",
-            str(length),
-            "--seconds",
-            str(seconds),
-            "--options",
-            json.dumps(options or {}),
-        ]
-        procs.append(
-            subprocess.Popen(
-                cmd,
-                cwd=REPO_ROOT,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                text=True,
-                env=env,
-            )
-        )
     try:
+        for i in range(replicas):
+            mine = cpu_slice(cpus, i, replicas)
+            env = dict(
+                os.environ,
+                VLLM_ENABLE_V1_MULTIPROCESSING="0",
+                HF_HUB_OFFLINE="1",
+                OMP_NUM_THREADS=str(len(mine)),
+                VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, mine)),
+            )
+            cmd = [sys.executable, "-m", module, "--cpus", ",".join(map(str, mine)), *args]
+            procs.append(
+                subprocess.Popen(
+                    cmd,
+                    cwd=REPO_ROOT,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    text=True,
+                    env=env,
+                )
+            )
         for p in procs:
             for line in p.stdout:
                 if line.startswith("READY"):
                     break
             else:
-                raise RuntimeError("an engine replica failed to start")
+                raise RuntimeError(f"an engine replica ({module}) failed to start")
         for p in procs:
             p.stdin.write("go\n")
             p.stdin.flush()
-        total, tokens_per_text = 0.0, None
+        results = []
         for p in procs:
             line = next((x for x in p.stdout if x.startswith("RESULT ")), None)
             if line is None:
-                raise RuntimeError("an engine replica failed")
-            result = json.loads(line[7:])
-            total += result["texts_s"]
-            tokens_per_text = result["tokens_per_text"]
+                raise RuntimeError(f"an engine replica ({module}) failed")
+            results.append(json.loads(line[7:]))
+        return results
     finally:
         for p in procs:
             p.kill() if p.poll() is None else None
             p.wait()
-    return {
-        "texts_s": total,
-        "p50_ms": None,
-        "p99_ms": None,
-        "errors": 0,
-        "tokens_per_text": tokens_per_text,
-    }
+
+
+def measure_when_told(work: Callable[[], int], seconds: float) -> float:
+    """A replica's side of :func:`pinned_replicas`: items/s of ``work`` once told to start.
+
+    Prints ``READY``, waits for a line on stdin (so every replica starts together), then
+    calls ``work`` (which returns the items it did) until ``seconds`` have passed. The
+    caller prints ``RESULT {...}`` with the rate.
+    """
+    print("READY", flush=True)
+    sys.stdin.readline()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        n += work()
+    return n / (time.perf_counter() - t0)
 
 
 def replica(cpus: set[int], length: int, seconds: float, options: dict | None = None) -> None:
@@ -130,13 +160,8 @@ def replica(cpus: set[int], length: int, seconds: float, options: dict | None = 
     }
     llm = LLM(**{**kwargs, **(options or {})})
     llm.embed(prompts[:16], use_tqdm=False)
-    print("READY", flush=True)
-    sys.stdin.readline()  # start together with the other replicas
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        llm.embed(prompts, use_tqdm=False)
-        n += len(prompts)
-    result = {"texts_s": n / (time.perf_counter() - t0), "tokens_per_text": tokens_per_text}
+    texts_s = measure_when_told(lambda: len(llm.embed(prompts, use_tqdm=False)), seconds)
+    result = {"texts_s": texts_s, "tokens_per_text": tokens_per_text}
     print("RESULT " + json.dumps(result), flush=True)
 
 

@@ -6,21 +6,26 @@ a free loopback port in front of a running :class:`TritonServer`, the one the ``
 and ``triton_client`` contenders load; :func:`gateway_load` drives its
 OpenAI ``/v1/embeddings`` route with the load generator that drives vLLM's server
 (:mod:`perf.contenders.openai_load`): same texts, same decoding, only ``model`` and the
-truncation field differ.
+truncation field differ. :class:`RerankGateway` is the same gateway in front of a reranker's
+server, :mod:`perf.rerank`'s ``gateway`` contender (:func:`gateway_rerank_load`).
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import subprocess
 import time
-import urllib.error
-import urllib.request
 
 from triton_embed_server.run.launcher import Gateway, TritonServer, stopped_on_failure
 
-from perf.contenders.openai_load import embeddings_load, request_body
+from perf.contenders.openai_load import (
+    embeddings_load,
+    http_answer,
+    probe_rerank,
+    request_body,
+    rerank_load,
+)
+from perf.corpora import PairCorpus
 
 ENSEMBLE = "embed"  # the requests' ``model``: the ensemble's name
 # The gateway's truncation field: END at the model's token budget, what vLLM's
@@ -89,7 +94,10 @@ class GatewayServer:
                 raise RuntimeError(
                     f"gateway exited {self.proc.returncode}:\n{self.launcher.log_tail()}"
                 )
-            if _status(f"{self.base_url}/health") == 200 and _status(self.url, probe) == 200:
+            if (
+                http_answer(f"{self.base_url}/health")[0] == 200
+                and http_answer(self.url, probe)[0] == 200
+            ):
                 return
             time.sleep(0.2)
         raise RuntimeError(
@@ -101,14 +109,64 @@ class GatewayServer:
         self.launcher.stop()
 
 
-def _status(url: str, body: dict | None = None) -> int | None:
-    """The HTTP status of a GET (or a JSON POST of ``body``); ``None`` if nothing answered."""
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=5) as resp:
-            return resp.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return None
+#: The gateway's rerank route (Jina's and Cohere's ``POST /v1/rerank``).
+RERANK_ROUTE = "/v1/rerank"
+
+
+def gateway_rerank_load(
+    url: str, corpus: PairCorpus, docs: int, conc: int, seconds: float, model: str
+) -> dict:
+    """The gateway's rerank route loaded by :func:`~perf.contenders.openai_load.rerank_load`.
+
+    The body is Jina's and Cohere's ``{model, query, documents, top_n}``, ``top_n`` = every
+    document (each score is answered and decoded).
+    """
+    return rerank_load(url, corpus, docs, conc, seconds, model=model, options={"top_n": docs})
+
+
+class RerankGateway:
+    """Our gateway in front of a reranker's server, on its rerank route when it has one.
+
+    A context manager. Entering starts the launcher's gateway, waits until ``/v1/models``
+    lists ``reranker`` and sends one rerank request (:func:`probe_rerank`). Where the gateway
+    lists no reranker or has no rerank route yet (an older gateway), it is stopped and
+    :attr:`note` says why (:attr:`url` is then ``None``); nothing is raised. Leaving stops
+    the process it started.
+
+    Args:
+        server: the running server.
+        reranker: the reranker ensemble's name (the requests' ``model``).
+        ready_timeout_s: how long to wait for ``/v1/models`` to list it (a gateway lists its
+            upstreams' models within seconds of its start; one without rerank support never
+            lists a reranker, and this is the time that costs).
+    """
+
+    def __init__(self, server: TritonServer, reranker: str, ready_timeout_s: float = 20.0):
+        self.reranker = reranker
+        self.launcher = Gateway(
+            [server.grpc_url], server.admin_key, model=reranker, ready_timeout_s=ready_timeout_s
+        )
+        self.url: str | None = None
+        self.note: str | None = None
+
+    def __enter__(self) -> RerankGateway:
+        try:
+            self.launcher.start()
+        except RuntimeError as exc:
+            first = str(exc).splitlines()[0].rstrip(":")
+            self.note = (
+                f"{first} (GET /v1/models): this gateway serves no reranker yet, or it started "
+                f"too slowly (its log: {self.launcher.log_path})"
+            )
+            return self
+        url = f"{self.launcher.base_url}{RERANK_ROUTE}"
+        problem = probe_rerank(url, self.reranker, {"top_n": 1})
+        if problem:
+            self.launcher.stop()
+            self.note = f"the gateway has no working rerank route yet: {problem}"
+        else:
+            self.url = url
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.launcher.stop()

@@ -13,6 +13,10 @@ It is driven with the load generator that drives vLLM's server and our gateway
 (:func:`perf.contenders.openai_load.embeddings_load` on :attr:`InfinityServer.url`, ``model``
 :data:`SERVED_MODEL`). Infinity truncates at the budget by itself and has no truncation field,
 so no option is sent.
+
+Given a cross-encoder folder (``reranker=``, torch engine), the same server is
+:mod:`perf.rerank`'s ``infinity`` contender on its ``/rerank`` route
+(:attr:`InfinityServer.rerank_url`; no vector check).
 """
 
 from __future__ import annotations
@@ -66,18 +70,22 @@ class InfinityServer:
     Args:
         engine: ``torch``, ``onnx`` (Infinity's ``optimum`` engine on ONNX Runtime) or
             ``onnx_int8`` (the same engine on :data:`ONNX_INT8_MODEL`).
+        reranker: a cross-encoder folder to serve instead of the embedding model (on
+            :attr:`rerank_url`; its engine's own folder is not used, and no vectors checked).
 
     Raises (on enter):
         RuntimeError: not installed, failed to start within 300 s, or its vectors differ from
             sentence-transformers'.
     """
 
-    def __init__(self, engine: str):
+    def __init__(self, engine: str, reranker: Path | None = None):
         if engine not in FOLDERS:
             raise ValueError(f"engine must be one of {tuple(FOLDERS)}, got {engine!r}")
         self.engine = engine
+        self.reranker = reranker
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/embeddings"
+        self.rerank_url = f"http://127.0.0.1:{self.port}/rerank"
         self.proc: subprocess.Popen | None = None
         self.log = tempfile.NamedTemporaryFile(prefix=f"infinity-{engine}-", suffix=".log")
 
@@ -86,12 +94,15 @@ class InfinityServer:
             raise RuntimeError("Infinity is not installed: run bash perf/setup_infinity.sh")
         folder = FOLDERS[self.engine]
         model, cwd = (MODEL, REPO_ROOT) if folder is None else (Path("."), folder)
+        if self.reranker is not None:
+            model, cwd = self.reranker, REPO_ROOT
+        pooling = ["--pooling-method", "mean"] if self.reranker is None else []
         # The optimum engine is given the model as "." from inside its folder: Infinity 0.0.78
         # passes an absolute local path on as an ONNX file name, which optimum then refuses.
         cmd = [
             str(EXECUTABLE), "v2", "--model-id", str(model), "--served-model-name", SERVED_MODEL,
             "--engine", "torch" if self.engine == "torch" else "optimum",
-            "--pooling-method", "mean", "--device", "cpu", "--batch-size", str(BATCH_SIZE),
+            *pooling, "--device", "cpu", "--batch-size", str(BATCH_SIZE),
             "--host", "127.0.0.1", "--port", str(self.port),
         ]  # fmt: skip
         env = dict(
@@ -110,8 +121,9 @@ class InfinityServer:
         if problem:
             self.__exit__()
             raise RuntimeError(f"Infinity ({self.engine}) {problem}:\n{self.log_tail()}")
-        with stopped_on_failure(self.__exit__):
-            self.check_vectors()
+        if self.reranker is None:
+            with stopped_on_failure(self.__exit__):
+                self.check_vectors()
         return self
 
     def embed(self, texts: list[str]) -> np.ndarray:

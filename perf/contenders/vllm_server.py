@@ -3,7 +3,9 @@
 :class:`VllmServer` starts ``python -m vllm.entrypoints.openai.api_server --runner pooling``
 on a free loopback port; :func:`vllm_load` drives its ``/v1/embeddings`` endpoint over HTTP
 with the asyncio/aiohttp load generator of :mod:`perf.contenders.openai_load`, which decodes
-every response (the gateway's contenders use the same one).
+every response (the gateway's contenders use the same one). With a cross-encoder folder
+(``model=``) the same server is :mod:`perf.rerank`'s ``vllm_server``, on its ``/rerank``
+route (:attr:`VllmServer.rerank_url`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 from triton_embed_server.run.launcher import free_port, stop_process
 
@@ -38,22 +41,35 @@ class VllmServer:
     Args:
         dtype: its ``--dtype`` (float32, as users of a float32 checkpoint get it on CPU;
             bfloat16 for the precision benchmark's peer at that precision).
+        model: the model folder (default: the shipped all-MiniLM-L6-v2).
+        max_model_len: its ``--max-model-len``, tokens per input (default: that model's
+            256-token budget).
     """
 
-    def __init__(self, dtype: str = "float32"):
+    def __init__(
+        self, dtype: str = "float32", model: Path = MODEL, max_model_len: int = MAX_TOKENS
+    ):
         self.dtype = dtype
+        self.model = model
+        self.max_model_len = max_model_len
         self.port = free_port()
         self.embeddings_url = f"http://127.0.0.1:{self.port}/v1/embeddings"
+        #: The Jina-style rerank route (``{model, query, documents}``; vLLM's scoring API).
+        self.rerank_url = f"http://127.0.0.1:{self.port}/rerank"
         self.proc: subprocess.Popen | None = None
         self.log = tempfile.NamedTemporaryFile(prefix="vllm-server-", suffix=".log", delete=False)
 
     def __enter__(self) -> VllmServer:
+        return self.start().wait_ready()
+
+    def start(self) -> VllmServer:
+        """Start the server's process; returns at once (:meth:`wait_ready` waits for it)."""
         cmd = [
             sys.executable,
             "-m",
             "vllm.entrypoints.openai.api_server",
             "--model",
-            str(MODEL),
+            str(self.model),
             "--served-model-name",
             SERVED_MODEL,
             "--runner",
@@ -61,7 +77,7 @@ class VllmServer:
             "--dtype",
             self.dtype,
             "--max-model-len",
-            "256",
+            str(self.max_model_len),
             "--enforce-eager",
             "--gpu-memory-utilization",
             "0.1",
@@ -74,8 +90,17 @@ class VllmServer:
         self.proc = subprocess.Popen(
             cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
-        problem = wait_healthy(self.proc, f"http://127.0.0.1:{self.port}/health", 300)
+        return self
+
+    def wait_ready(self, timeout_s: float = 300.0) -> VllmServer:
+        """Wait until ``/health`` answers.
+
+        Raises:
+            RuntimeError: it exited or was not ready within ``timeout_s`` (it is stopped).
+        """
+        problem = wait_healthy(self.proc, f"http://127.0.0.1:{self.port}/health", timeout_s)
         if problem:
+            self.__exit__()
             raise RuntimeError(f"vLLM server {problem}; log: {self.log.name}")
         return self
 

@@ -4,12 +4,10 @@ double), and that its programs run as modules (``python -m perf...``)."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
@@ -19,6 +17,7 @@ from tritonclient.grpc import model_config_pb2
 
 from perf import bench, config_ablations, corpora, report
 from perf.contenders import gateway, openai_load, triton_pa, vllm_server
+from tests.unit.perf_fakes import LocalHttpServer
 
 
 def row(contender, tokens_s, length=50, batch=1, conc=4, errors=0, **extra):
@@ -158,7 +157,7 @@ def test_vllm_request_is_unchanged_and_the_gateway_accepts_its_own():
     assert parsed.options.to_parameters() == {"truncation": "END"}
 
 
-class FakeEmbeddings:
+class FakeEmbeddings(LocalHttpServer):
     """A ``/v1/embeddings`` test double on a free loopback port (aiohttp, its own thread).
 
     Answers each text with the vector ``[len(text), 0.5]`` in the asked encoding; a request
@@ -166,19 +165,7 @@ class FakeEmbeddings:
     """
 
     def __init__(self):
-        from aiohttp import web
-
-        self.bodies: list[dict] = []
-        self.loop = asyncio.new_event_loop()
-        app = web.Application()
-        app.router.add_post("/v1/embeddings", self.handle)
-        self.runner = web.AppRunner(app)
-        self.loop.run_until_complete(self.runner.setup())
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        self.loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
+        super().__init__({"/v1/embeddings": self.handle})
 
     async def handle(self, request):
         from aiohttp import web
@@ -197,11 +184,6 @@ class FakeEmbeddings:
             )
             data.append({"object": "embedding", "index": i, "embedding": emb})
         return web.json_response({"object": "list", "data": data})
-
-    def close(self):
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(5)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
 
 
 @pytest.fixture
@@ -367,6 +349,9 @@ def test_command_line_flags():
         "perf.gateway_profile",
         "perf.engine_options",
         "perf.contenders.sentence_transformers",
+        "perf.rerank",
+        "perf.cross_encoder",
+        "perf.contenders.rerank_engine",
     ],
 )
 def test_programs_run_as_modules_from_the_repository_root(module):

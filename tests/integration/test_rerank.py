@@ -246,7 +246,8 @@ def test_perf_analyzer_loads_the_reranker_ensemble(server, tmp_path):
     data.write_text(json.dumps({"data": rows}))
     argv = perf_analyzer_command(
         server.grpc_url, data, "-b", "4", "--concurrency-range", "4",
-        "--measurement-interval", "1500", "-p", "1500", "-f", str(tmp_path / "report.csv"),
+        "--measurement-interval", "1500", "-p", "1500", "-s", "100",
+        "-f", str(tmp_path / "report.csv"),
         model="rerank", admin_key=server.admin_key,
     )  # fmt: skip
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)

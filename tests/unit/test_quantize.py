@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from triton_embed_server.models import quantize as q
+from triton_embed_server.models.model_spec import quantization_of
 
 from tests.model_factory import make_cls_encoder
 
@@ -49,7 +50,7 @@ def test_every_linear_weight_is_int8_per_channel_within_half_a_step(encoder, tmp
         "num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"}  # fmt: skip
     acts = group["input_activations"]
     assert (acts["num_bits"], acts["strategy"], acts["dynamic"]) == (8, "token", True)
-    assert q.quantization_of(out) == "int8" and q.quantization_of(encoder) == "none"
+    assert quantization_of(out) == "int8" and quantization_of(encoder) == "none"
     kept = {p.name for p in encoder.rglob("*") if p.is_file()} - {"model.safetensors"}
     assert kept <= {p.name for p in out.rglob("*") if p.is_file()}  # tokenizer, pooling, modules
 

@@ -339,3 +339,16 @@ def _matryoshka(path: Path, config: dict[str, Any], dimension: int) -> Dimension
         except ValueError as exc:
             raise ModelFolderError(str(exc)) from None
     return Dimensions(dimension, (), bool(config.get("is_matryoshka", False)))
+
+
+def quantization_of(folder: Path) -> str:
+    """``int8`` for a compressed-tensors int8 folder (``triton-embed quantize``), else ``none``.
+
+    Read from ``config.json``'s ``quantization_config`` (its ``quant_method``); a folder
+    without a readable ``config.json`` is ``none``.
+    """
+    config = read_json(Path(folder) / "config.json", Need.HINT)
+    q = config.get("quantization_config") or {}
+    return (
+        "int8" if isinstance(q, dict) and q.get("quant_method") == "compressed-tensors" else "none"
+    )

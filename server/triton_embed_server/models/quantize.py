@@ -23,7 +23,6 @@ nothing) below the gate unless told to accept.
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -126,16 +125,6 @@ def describe(result: QuantizeResult) -> str:
     """One line for the CLI."""
     kept = f"; kept in float: {', '.join(result.kept_float)}" if result.kept_float else ""
     return f"wrote {result.folder}: {result.linear_layers} linear layers int8 W8A8{kept}"
-
-
-def quantization_of(folder: Path) -> str:
-    """``int8`` for a compressed-tensors int8 folder, else ``none`` (for listings)."""
-    try:
-        config = json.loads((Path(folder) / "config.json").read_text())
-    except (OSError, ValueError):
-        return "none"
-    q = config.get("quantization_config") or {}
-    return "int8" if q.get("quant_method") == "compressed-tensors" else "none"
 
 
 QUANTIZE_USAGE = """\

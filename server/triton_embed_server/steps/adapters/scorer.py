@@ -5,114 +5,44 @@ vLLM pooling engine (:class:`~triton_embed_server.steps.vllm_scorer.ScoringEngin
 pairs of all requests of an ``execute`` call go to the engine in one call; the logits are
 split back per request and activated unless the request asks for ``raw_scores``. A request
 with bad token IDs, segment starts or options, or over the step's token budget, fails
-alone; a request cancelled by its client before the engine call is answered ``CANCELLED``.
+alone; a request cancelled by its client before the engine call is answered ``CANCELLED``
+(:class:`~triton_embed_server.steps.adapters.engine_step.EngineStepModel`).
 """
 
 import json
-import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from triton_embed.rerank_options import PairOptions
 
-from triton_embed_server.host.doctor import host_plan
-from triton_embed_server.host.placement.apply import apply_placement
-from triton_embed_server.host.placement.instance import decide_placement, instance_index
+from triton_embed_server.steps.adapters.engine_step import EngineStepModel
 from triton_embed_server.steps.batching import split
-from triton_embed_server.steps.errors import (
-    CancelledError,
-    EmbedServingError,
-    InvalidArgumentError,
-    to_triton_error,
-)
-from triton_embed_server.steps.metrics import InstanceReporter, StepMetrics
+from triton_embed_server.steps.errors import InvalidArgumentError
 from triton_embed_server.steps.rerank_config import ScorerConfig
 from triton_embed_server.steps.token_ids import decode_pair_token_ids
 from triton_embed_server.steps.vllm_scorer import ScoringEngine, activate
 
 
-class TritonPythonModel:
+class TritonPythonModel(EngineStepModel):
     """One vLLM engine per model instance, built once in ``initialize``."""
 
-    def initialize(self, args):
-        """Parse the config, place this replica (NUMA node, CPUs, GPU), start its engine."""
-        self.config = ScorerConfig.from_args(args)
-        name = args["model_instance_name"]
-        if self.config.dtype_note:
-            pb_utils.Logger.log_warn(f"scorer {name}: {self.config.dtype_note}")
-        placement = decide_placement(
-            self.config,
-            args.get("model_instance_kind", "CPU"),
-            instance_index(name),
-            int(args.get("model_instance_device_id", 0) or 0),
-            auto_plan=host_plan,
-        )
-        placement = apply_placement(placement)
-        self.engine = ScoringEngine(self.config)
-        self.metrics = StepMetrics(pb_utils, "scorer", name)
-        self.reporter = InstanceReporter(
-            self.metrics,
-            list(placement.numa_nodes),
-            placement.labels(),
-            hourly_price_usd=self.config.hourly_price_usd / self.config.instances_per_device,
-            window_s=self.config.cost_window_s,
-        )
-        spec = self.config.spec
-        pb_utils.Logger.log_info(
-            f"scorer {name}: {self.config.model_path.name}, {spec.architecture}, "
-            f"family={spec.family.value}, activation={spec.activation.value}, "
-            f"dtype={self.config.dtype}, max_length={self.config.max_length}, "
-            f"{placement.describe()}, env={placement.env or 'vLLM default'}"
+    step = "scorer"
+    config_class = ScorerConfig
+    work = "scored"
+
+    def start_engine(self, config):
+        """The instance's :class:`ScoringEngine`."""
+        return ScoringEngine(config)
+
+    def describe(self) -> str:
+        """Model, family, activation, dtype and budget, for the start log line."""
+        spec, c = self.config.spec, self.config
+        return (
+            f"{c.model_path.name}, {spec.architecture}, family={spec.family.value}, "
+            f"activation={spec.activation.value}, dtype={c.dtype}, max_length={c.max_length}"
         )
 
-    def execute(self, requests):
-        """Validate per request, score all valid pairs in one engine call, split back."""
-        self.metrics.ensure_started()  # not in initialize (StepMetrics.start says why)
-        responses = [None] * len(requests)
-        valid, token_ids, starts, options = [], [], [], []
-        for r, request in enumerate(requests):
-            try:
-                if request.is_cancelled():
-                    raise CancelledError("the request was cancelled before it was scored")
-                ids, segment_starts, opts = self._decode(request)
-            except EmbedServingError as exc:
-                self.metrics.failure(exc)
-                responses[r] = pb_utils.InferenceResponse(error=to_triton_error(exc, pb_utils))
-                continue
-            valid.append(r)
-            token_ids.append(ids)
-            starts.append(segment_starts)
-            options.append(opts)
-        flat_ids = [ids for request_ids in token_ids for ids in request_ids]
-        flat_starts = [k for request_starts in starts for k in request_starts]
-        t0 = time.perf_counter()
-        try:
-            logits = self.engine.score(flat_ids, flat_starts)
-        except EmbedServingError as exc:
-            self.metrics.execute_done(time.perf_counter() - t0, 0, 0)
-            error = to_triton_error(exc, pb_utils)
-            for r in valid:
-                self.metrics.failure(exc)
-                responses[r] = pb_utils.InferenceResponse(error=error)
-            return responses
-        per_request_tokens = [sum(len(x) for x in ids) for ids in token_ids]
-        tokens = sum(per_request_tokens)
-        self.metrics.execute_done(time.perf_counter() - t0, len(flat_ids), tokens)
-        self.reporter.add_tokens(tokens)
-        activation = self.config.spec.activation
-        for r, request_logits, opts, n_tokens in zip(
-            valid, split(logits, [len(ids) for ids in token_ids]), options, per_request_tokens,
-            strict=True,
-        ):  # fmt: skip
-            scores = np.asarray(request_logits, dtype=np.float32)
-            if not opts.raw_scores:
-                scores = activate(scores, activation)
-            self.metrics.success(texts=len(scores), tokens=n_tokens)
-            tensor = pb_utils.Tensor("SCORE", scores.astype("<f4").reshape(-1, 1))
-            responses[r] = pb_utils.InferenceResponse(output_tensors=[tensor])
-        return responses
-
-    def _decode(self, request):
+    def decode(self, request):
         """One request's pairs' token IDs, segment starts and options, validated.
 
         Raises:
@@ -134,10 +64,22 @@ class TritonPythonModel:
         )
         return ids, starts, opts
 
-    def finalize(self):
-        """Free the metric families while the stub can still reach Triton.
+    def engine_call(self, decoded):
+        """Every valid pair's raw logit, one engine call; ``(logits, pairs)``."""
+        flat_ids = [ids for request_ids, _, _ in decoded for ids in request_ids]
+        flat_starts = [k for _, starts, _ in decoded for k in starts]
+        return self.engine.score(flat_ids, flat_starts), len(flat_ids)
 
-        Freeing them at interpreter exit crashes the Triton 2.51 stub.
-        """
-        self.metrics.stop()
-        self.reporter = self.metrics = None
+    def respond(self, logits, decoded):
+        """Per request its ``SCORE`` (activated unless ``raw_scores``), float32 ``[n, 1]``."""
+        activation = self.config.spec.activation
+        out = []
+        for request_logits, (_, _, opts) in zip(
+            split(logits, [len(ids) for ids, _, _ in decoded]), decoded, strict=True
+        ):
+            scores = np.asarray(request_logits, dtype=np.float32)
+            if not opts.raw_scores:
+                scores = activate(scores, activation)
+            tensor = pb_utils.Tensor("SCORE", scores.astype("<f4").reshape(-1, 1))
+            out.append((len(scores), [tensor]))
+        return out

@@ -54,7 +54,7 @@ from triton_embed.transport.calls import (
     send_all,
     send_texts,
 )
-from triton_embed.transport.catalog import ModelKind, kind_of_config
+from triton_embed.transport.catalog import ModelKind, kind_of_config, preferred_pairs
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -282,7 +282,17 @@ class EmbeddingClient(ChannelOwner, Reranking):
                 ) from None
             raise error from None
         self._kinds[model] = kind_of_config(config)
-        return int(config.get("max_batch_size", 0)) or 1
+        most = int(config.get("max_batch_size", 0)) or 1
+        if self._kinds[model] is ModelKind.RERANKER:  # pieces of the scorer's preferred batch
+            steps = (config.get("ensemble_scheduling") or {}).get("step") or []
+            try:
+                scorer = self._client.get_model_config(
+                    steps[-1]["model_name"], as_json=True, headers=self._admin_headers()
+                )["config"]
+            except Exception:  # noqa: BLE001 - the ensemble's max_batch_size then
+                return most
+            return min(most, preferred_pairs(scorer) or most)
+        return most
 
     def _check_kind(self, model: str, wanted: ModelKind) -> None:
         """Refuse a call to a model of the other kind, when its config was read.

@@ -16,6 +16,7 @@ from triton_embed.transport.catalog import (
     ModelKind,
     RerankerInfo,
     kind_of_config,
+    preferred_pairs,
     served_model,
 )
 from triton_embed.transport.failures import ErrorKind, TransportError, upstream_error
@@ -47,6 +48,21 @@ def test_a_reranker_ensemble_is_recognised_with_its_facts():
     )
     assert info.kind is ModelKind.RERANKER and info.piece_size() == 64
     assert kind_of_config(RERANK_CONFIG) is ModelKind.RERANKER
+
+
+def test_a_scorers_preferred_batch_sets_the_piece_size():
+    scorer = {
+        **RERANK_STEP_CONFIGS["rerank_scorer"],
+        "dynamic_batching": {"preferred_batch_size": [32, 16]},
+    }
+    info = served_model(RERANK_CONFIG, {**CONFIGS, "rerank_scorer": scorer})
+    assert info.preferred_pairs == 16 and info.piece_size() == 16
+    assert preferred_pairs({"dynamic_batching": {"preferred_batch_size": ["x"]}}) is None
+    assert preferred_pairs({}) is None
+    # the token budget still caps it: 8,192-token pairs under a 65,536-token budget
+    long = RerankerInfo("r", 64, "t", "s", max_length=8192, max_request_tokens=65536,
+                        preferred_pairs=16)  # fmt: skip
+    assert long.piece_size() == 8
 
 
 def test_an_embedding_ensemble_is_still_an_embedding_model_and_reads_its_facts_only_then():

@@ -251,6 +251,7 @@ class RerankerInfo:
             ``max_request_tokens`` parameter, or the default of
             :func:`triton_embed.serving_limits.request_token_budget` for one window per
             pair), or ``None`` when the config does not give ``max_length``.
+        preferred_pairs: the scorer's preferred batch (:func:`preferred_pairs`), or ``None``.
     """
 
     name: str
@@ -262,19 +263,21 @@ class RerankerInfo:
     family: str | None = None
     dtype: str = "float32"
     max_request_tokens: int | None = None
+    preferred_pairs: int | None = None
 
     kind: ClassVar[ModelKind] = ModelKind.RERANKER
 
     def piece_size(self) -> int:
-        """Pairs per upstream call, so that no call can pass the tokenizer's token budget.
+        """Pairs per upstream call: the scorer's preferred batch, within the token budget.
 
-        ``max(1, min(max_batch_size, max_request_tokens // max_length))``: 64 pairs for a
-        512-token cross-encoder under the default budget (65,536 tokens), 8 for a model
-        that reads 8,192 tokens per pair.
+        ``max(1, min(max_batch_size, preferred_pairs, max_request_tokens // max_length))``:
+        16 pairs for the shipped scorer template (so that the documents of one call are
+        scored by every replica at once), 8 for a model that reads 8,192 tokens per pair.
         """
+        size = min(self.max_batch_size, self.preferred_pairs or self.max_batch_size)
         if self.max_length is None or self.max_request_tokens is None:
-            return self.max_batch_size
-        return max(1, min(self.max_batch_size, self.max_request_tokens // self.max_length))
+            return size
+        return max(1, min(size, self.max_request_tokens // self.max_length))
 
     @classmethod
     def from_configs(
@@ -305,7 +308,23 @@ class RerankerInfo:
             family=parameter(config, "family") or None,
             dtype=parameter(scorer_config, "dtype") or "float32",
             max_request_tokens=_request_tokens(tokenizer_config, max_length, 1),
+            preferred_pairs=preferred_pairs(scorer_config),
         )
+
+
+def preferred_pairs(scorer_config: Mapping[str, Any]) -> int | None:
+    """The smallest ``dynamic_batching.preferred_batch_size`` of a scorer's config, or ``None``.
+
+    A reranker's scorer batches requests up to it before a free replica takes the rest
+    (docs/rerank.md, "Throughput"); a call of more pairs is best sent in pieces of it, so
+    every replica scores part of it. Never raises.
+    """
+    sizes = (scorer_config.get("dynamic_batching") or {}).get("preferred_batch_size") or []
+    try:
+        positive = [int(s) for s in sizes if int(s) > 0]
+    except (TypeError, ValueError):
+        return None
+    return min(positive) if positive else None
 
 
 def is_reranker_config(config: Mapping[str, Any]) -> bool:

@@ -13,6 +13,12 @@ Two payloads travel as elements of Triton ``BYTES`` (``TYPE_STRING``) tensors:
 * **Token IDs** (``tokenizer`` -> ``embedder``): element ``i`` is the little-endian int32 token
   IDs of text ``i``, ``4 * num_tokens`` bytes. Texts are not padded to a common length, so
   the dynamic batcher can merge requests with texts of any length.
+* **Sparse vectors** (a sparse ensemble's ``SPARSE``, docs/sparse.md): element ``i`` is text
+  ``i``'s ``k`` non-zero vocabulary indices as little-endian int32, ascending, then their
+  ``k`` weights as little-endian float32: ``8 * k`` bytes (``k`` may be 0).
+* **Token matrices** (a multi-vector ensemble's ``TOKEN_EMBEDDINGS``): element ``i`` is text
+  ``i``'s ``[tokens, dim]`` float32 matrix, little-endian, row-major: ``4 * tokens * dim``
+  bytes; ``dim`` is the model's, ``tokens`` the text's ``NUM_TOKENS``.
 * **Windows** (``tokenizer`` ``WINDOWS`` -> ``embedder``): element ``i`` is little-endian int32
   triples ``(tokens, skip, weight)``, one per window of text ``i``'s token IDs: the window's
   length, the leading tokens pooling leaves out, and its weight in the text's mean. One
@@ -159,6 +165,75 @@ def decode_token_ids(element: bytes) -> list[int]:
     if len(payload) % 4:
         raise ValueError(f"token-ID payload has {len(payload)} bytes, not a multiple of 4 (int32)")
     return np.frombuffer(payload, dtype=INT32_LE).tolist()
+
+
+def encode_sparse(
+    indices: Sequence[np.ndarray | Sequence[int]], values: Sequence[np.ndarray | Sequence[float]]
+) -> np.ndarray:
+    """Encode per-text sparse vectors as ``SPARSE`` BYTES elements (indices, then weights).
+
+    Args:
+        indices: ``n`` sequences of vocabulary indices, each ascending (int32 range).
+        values: ``n`` sequences of weights, as long as the matching ``indices``.
+
+    Returns:
+        ``object`` array ``[n]``; element ``i`` is ``8 * len(indices[i])`` bytes.
+
+    Raises:
+        ValueError: a text's indices and weights differ in length.
+    """
+    out = []
+    for i, (idx, val) in enumerate(zip(indices, values, strict=True)):
+        idx = np.ascontiguousarray(idx, dtype=INT32_LE)
+        val = np.ascontiguousarray(val, dtype=FLOAT32_LE)
+        if idx.shape != val.shape or idx.ndim != 1:
+            raise ValueError(f"text {i}: {idx.size} indices and {val.size} weights")
+        out.append(idx.tobytes() + val.tobytes())
+    arr = np.empty(len(out), dtype=object)
+    arr[:] = out
+    return arr
+
+
+def decode_sparse(element: bytes | memoryview) -> tuple[np.ndarray, np.ndarray]:
+    """Decode one ``SPARSE`` element: ``(indices int32 [k], weights float32 [k])``.
+
+    Raises:
+        ValueError: the payload is not a whole number of (int32, float32) pairs.
+    """
+    payload = bytes(element)
+    if len(payload) % 8:
+        raise ValueError(
+            f"sparse payload has {len(payload)} bytes, not a multiple of 8 (int32 index and "
+            "float32 weight per entry)"
+        )
+    k = len(payload) // 8
+    indices = np.frombuffer(payload, dtype=INT32_LE, count=k).astype(np.int32, copy=False)
+    weights = np.frombuffer(payload, dtype=FLOAT32_LE, count=k, offset=4 * k)
+    return indices, weights.astype(np.float32, copy=False)
+
+
+def encode_token_matrices(matrices: Iterable[np.ndarray]) -> np.ndarray:
+    """Encode per-text ``[tokens, dim]`` matrices as ``TOKEN_EMBEDDINGS`` BYTES elements.
+
+    Returns:
+        ``object`` array ``[n]``; element ``i`` is ``4 * tokens_i * dim`` bytes (float32 LE,
+        row-major).
+    """
+    return _pack(matrices, FLOAT32_LE)
+
+
+def decode_token_matrix(element: bytes | memoryview, dim: int) -> np.ndarray:
+    """Decode one ``TOKEN_EMBEDDINGS`` element into float32 ``[tokens, dim]``.
+
+    Raises:
+        ValueError: the payload is not a whole number of ``dim``-value float32 rows.
+    """
+    payload = bytes(element)
+    if dim < 1 or len(payload) % (4 * dim):
+        raise ValueError(
+            f"token-matrix payload has {len(payload)} bytes, not whole rows of {dim} float32"
+        )
+    return np.frombuffer(payload, dtype=FLOAT32_LE).reshape(-1, dim).astype(np.float32)
 
 
 def encode_windows(windows: Iterable[Sequence[tuple[int, int, int]]]) -> np.ndarray:

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from triton_embed import codec
 from triton_embed.codec import (
     decode_embeddings,
     decode_token_ids,
@@ -296,3 +297,38 @@ def test_property_token_ids_round_trip(ids):
     for element, row in zip(enc, ids, strict=True):
         assert element == struct.pack(f"<{len(row)}i", *row)
         assert decode_token_ids(element) == row
+
+
+# ---- sparse vectors and token matrices (docs/sparse.md) ------------------------------------
+
+
+def test_sparse_round_trip_keeps_order_zero_weights_and_empty_texts():
+    indices = [np.array([0, 7, 30521], dtype=np.int64), np.array([], dtype=np.int32)]
+    weights = [np.array([0.0, 1.5, 3.25e-8], dtype=np.float64), np.array([])]
+    elements = codec.encode_sparse(indices, weights)
+    assert elements.dtype == object and [len(e) for e in elements] == [24, 0]
+    for element, idx, val in zip(elements, indices, weights, strict=True):
+        got_idx, got_val = codec.decode_sparse(element)
+        assert got_idx.dtype == np.int32 and got_val.dtype == np.float32
+        np.testing.assert_array_equal(got_idx, idx)
+        np.testing.assert_array_equal(got_val, val.astype(np.float32))
+    # little-endian on the wire: indices first, then weights
+    assert elements[0][:4] == (0).to_bytes(4, "little")
+    assert elements[0][12:16] == np.float32(0.0).tobytes()
+
+
+def test_sparse_refuses_mismatched_or_broken_payloads():
+    with pytest.raises(ValueError, match="text 0: 2 indices and 1 weights"):
+        codec.encode_sparse([[1, 2]], [[0.5]])
+    with pytest.raises(ValueError, match="not a multiple of 8"):
+        codec.decode_sparse(b"\x00" * 12)
+
+
+def test_token_matrix_round_trip_with_trailing_zero_bytes():
+    matrix = np.zeros((3, 5), dtype=np.float32)
+    matrix[1, 2] = -1.25
+    (element,) = codec.encode_token_matrices([matrix])
+    assert isinstance(element, bytes) and len(element) == 4 * 3 * 5  # trailing zeros kept
+    np.testing.assert_array_equal(codec.decode_token_matrix(element, 5), matrix)
+    with pytest.raises(ValueError, match="not whole rows of 4 float32"):
+        codec.decode_token_matrix(element, 4)

@@ -93,13 +93,22 @@ def latency(rows: list[dict], contender: str, length: int, docs: int) -> tuple |
 
 
 def token_mismatches(rows: list[dict]) -> list[str]:
-    """Runs whose counted tokens per pair differ from the pairs' exact length (one line each)."""
+    """Contenders whose counted tokens per pair differ from the pairs' exact length.
+
+    One line per (contender, length): the range counted over its runs and who counted. Their
+    tokens/s is still pairs/s x the exact length (:func:`perf.rerank.record`).
+    """
+    counted: dict[tuple[str, int], list[float]] = {}
+    by: dict[tuple[str, int], str] = {}
+    for r in rows:
+        if not r["errors"] and r.get("tokens_per_pair") not in (None, r["length"]):
+            key = (r["contender"], r["length"])
+            counted.setdefault(key, []).append(r["tokens_per_pair"])
+            by[key] = r.get("tokens_counted_by") or "?"
     return [
-        f"{r['contender']} round {r.get('round')} at {r['length']} tokens, {r['batch']} docs, "
-        f"{r['concurrency']} in flight: {r['tokens_per_pair']} tokens per pair "
-        f"(counted by {r.get('tokens_counted_by')})"
-        for r in rows
-        if not r["errors"] and r.get("tokens_per_pair") not in (None, r["length"])
+        f"{name} at {length} tokens: {min(v):,.0f}-{max(v):,.0f} per pair in {len(v)} runs "
+        f"(counted by {by[(name, length)]})"
+        for (name, length), v in sorted(counted.items())
     ]
 
 

@@ -5,6 +5,7 @@ generator and its answers (against a local test double), the gRPC inputs, the pl
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -150,8 +151,15 @@ def test_latency_is_the_median_over_rounds_at_one_request_in_flight():
 
 
 def test_token_counts_that_differ_from_the_pairs_are_named():
-    (line,) = rerank_report.token_mismatches(ROWS)
-    assert line.startswith("triton_grpc round 1 at 256 tokens, 64 docs, 4 in flight: 250.0")
+    rows = [
+        *ROWS,
+        row("infinity", 100, 1, tokens_per_pair=269.0),
+        row("infinity", 100, 2, tokens_per_pair=268.4),
+    ]
+    assert rerank_report.token_mismatches(rows) == [
+        "infinity at 64 tokens: 268-269 per pair in 2 runs (counted by server)",
+        "triton_grpc at 256 tokens: 250-250 per pair in 1 runs (counted by server)",
+    ]
 
 
 def test_summary_gives_the_figures_the_verdicts_and_what_was_skipped(tmp_path):
@@ -169,7 +177,7 @@ def test_summary_gives_the_figures_the_verdicts_and_what_was_skipped(tmp_path):
     ) in text
     assert "triton_grpc / vllm_server = **1.50** (target 1.5: met)" in text
     assert "| triton_grpc | 64 | 16 | 100.0 | 200.0 | 150.0-300.0 |" in text
-    assert "250.0 tokens per pair (counted by server)" in text
+    assert "triton_grpc at 256 tokens: 250-250 per pair in 1 runs (counted by server)" in text
     assert "Runs with errors (left out of the figures): 1" in text
     assert "- gateway: skipped: no rerank route yet" in text
     assert "- infinity: skipped: not installed" in text
@@ -288,3 +296,13 @@ def test_the_smoke_plan_is_one_short_round_and_flags_override_the_plan():
     assert (given.rounds, given.lengths, given.docs, given.concurrency) == (2, (256,), (64,), (8,))
     assert given.seconds == rerank.FULL.seconds
     assert parser.parse_args([]).out.parts[-2:] == ("perf", "rerank")
+
+
+def test_tokens_per_second_is_pairs_per_second_times_the_exact_length(capsys):
+    """Infinity counts characters as tokens: its count is kept as a check, not multiplied."""
+    rows: list[dict] = []
+    result = {"pairs_s": 100.0, "tokens_per_pair": 269.1, "tokens_counted_by": "server"}
+    result |= {"p50_ms": 10.0, "p99_ms": 20.0, "errors": 0}
+    rerank.record(rows, "infinity", SimpleNamespace(length=64), 16, 4, 1, result)
+    assert (rows[0]["tokens_s"], rows[0]["tokens_per_pair"]) == (6400.0, 269.1)
+    assert "6400 tokens/s" in capsys.readouterr().out

@@ -14,16 +14,30 @@ number of the query's words in the document, minus 1, and its score the sigmoid 
 (``raw_scores=true``: the raw one); it has ``len(q.split()) + len(d.split()) + 3`` tokens. An
 empty document fails its request with the pair tokenizer's message ("the document of pair
 i is empty").
+
+And a sparse ensemble, ``splade`` (``TEXT`` -> ``SPARSE``, ``NUM_TOKENS``; docs/sparse.md): a
+text's word ``j`` (of ``w``) is vocabulary index ``100 * j + len(w)`` with weight ``len(w)``;
+``top_k`` keeps the largest (ties: lower index), ``threshold`` those above it.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from triton_embed.codec import encode_embeddings
+from triton_embed.codec import encode_embeddings, encode_sparse
 from tritonclient.utils import InferenceServerException, deserialize_bytes_tensor
 
 #: The reranker ensemble's name in this stand-in.
 RERANKER = "rerank"
+#: The sparse ensemble's name in this stand-in.
+SPARSE = "splade"
+
+
+def sparse_vector(text: bytes, top_k: int | None = None, threshold: float = 0.0):
+    """The stand-in's sparse vector of ``text``: int32 indices ascending, float32 weights."""
+    entries = [(100 * j + len(w), float(len(w))) for j, w in enumerate(text.split())]
+    kept = sorted(entries, key=lambda e: (-e[1], e[0]))[:top_k]
+    kept = sorted(e for e in kept if e[1] > threshold)
+    return np.array([i for i, _ in kept], np.int32), np.array([v for _, v in kept], np.float32)
 
 
 class _Result:
@@ -46,13 +60,15 @@ class FakeTriton:
         self.url = url
 
     def is_model_ready(self, model: str, *args, **kwargs) -> bool:
-        return model in ("embed", RERANKER)
+        return model in ("embed", RERANKER, SPARSE)
 
     def get_model_config(self, model: str, as_json: bool = False, headers=None, **kwargs):
         config = {"name": model, "max_batch_size": self.max_batch_size}
         if model == RERANKER:
             config["input"] = [{"name": "QUERY"}, {"name": "DOCUMENT"}]
             config["output"] = [{"name": "SCORE"}, {"name": "NUM_TOKENS"}]
+        elif model == SPARSE:
+            config["output"] = [{"name": "SPARSE"}, {"name": "NUM_TOKENS"}]
         else:
             config["output"] = [{"name": "EMBEDDING"}, {"name": "NUM_TOKENS"}]
         return {"config": config}
@@ -79,6 +95,12 @@ class FakeTriton:
                     "or START",
                     status="StatusCode.INVALID_ARGUMENT",
                 )
+        if model == SPARSE:
+            k, threshold = params.get("top_k"), params.get("threshold", 0.0)
+            indices, weights = zip(*(sparse_vector(t, k, threshold) for t in texts), strict=True)
+            counts = np.array([[len(t.split()) + 2] for t in texts], np.int32)
+            sparse = encode_sparse(indices, weights).reshape(-1, 1)
+            return _Result({"SPARSE": sparse, "NUM_TOKENS": counts})
         vectors = np.array([[len(t.decode()), 1.0] for t in texts], np.float32)
         counts = np.array([[min(len(t.split()) + 2, self.max_tokens)] for t in texts], np.int32)
         return _Result({"EMBEDDING": encode_embeddings(vectors), "NUM_TOKENS": counts})

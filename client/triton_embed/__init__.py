@@ -21,6 +21,8 @@ from triton_embed.options import InvalidUtf8, RequestOptions, Truncation
 from triton_embed.rerank_options import PairOptions, PairTruncation
 from triton_embed.reranking import RerankResult
 from triton_embed.retry import RetryPolicy
+from triton_embed.sparse_client import SparseResult
+from triton_embed.sparse_options import SparseOptions
 
 __all__ = [
     "AccessDeniedError",
@@ -37,5 +39,7 @@ __all__ = [
     "RetryPolicy",
     "ServerOverloadedError",
     "ServerUnavailableError",
+    "SparseOptions",
+    "SparseResult",
     "Truncation",
 ]

@@ -43,6 +43,7 @@ from triton_embed.model_control import ModelControl
 from triton_embed.options import EmbeddingType, InvalidUtf8, RequestOptions, Truncation
 from triton_embed.reranking import Reranking, RerankResult
 from triton_embed.retry import RetryPolicy
+from triton_embed.sparse_client import SparseEmbedding, SparseResult
 from triton_embed.transport.addresses import DEFAULT_MODEL, DEFAULT_URL, check_url
 from triton_embed.transport.calls import (
     CallGroup,
@@ -62,6 +63,7 @@ __all__ = [
     "EmbedResult",
     "EmbeddingClient",
     "RerankResult",
+    "SparseResult",
     "check_url",
 ]
 
@@ -93,6 +95,7 @@ class EmbedResult:
 _KIND_WORDS = {
     ModelKind.EMBEDDING: ("an embedding model", "embed()"),
     ModelKind.RERANKER: ("a reranker", "rerank()"),
+    ModelKind.SPARSE: ("a sparse model", "embed_sparse()"),
 }
 
 
@@ -124,11 +127,13 @@ def _check_arguments(timeout_s: float, max_concurrency: int, batch_size: int | N
     return concurrency
 
 
-class EmbeddingClient(ChannelOwner, Reranking):
+class EmbeddingClient(ChannelOwner, Reranking, SparseEmbedding):
     """Embeds texts with a running ``embed`` ensemble, and reranks with a reranker ensemble.
 
     :meth:`rerank` (:class:`~triton_embed.reranking.Reranking`) scores documents against a
     query with a reranker ensemble (docs/rerank.md); pass ``model=`` a reranker there or here.
+    :meth:`embed_sparse` (:class:`~triton_embed.sparse_client.SparseEmbedding`) gives sparse
+    vectors from a sparse (SPLADE) ensemble (docs/sparse.md).
 
     Args:
         url: gRPC endpoint ``host:port``, without a scheme (Triton's default gRPC port is

@@ -37,7 +37,7 @@ from triton_embed.options import DEFAULT_EMBEDDING_TYPE, RequestOptions
 from triton_embed.retry import RetryPolicy, is_pool_retryable
 from triton_embed.transport import inference
 from triton_embed.transport.addresses import parse_upstreams
-from triton_embed.transport.catalog import ModelInfo
+from triton_embed.transport.catalog import ModelInfo, ModelKind
 from triton_embed.transport.failures import TransportError
 from triton_embed.transport.upstreams import UpstreamPool
 
@@ -167,7 +167,7 @@ class PoolEmbedder:
                 )
             await asyncio.sleep(0.5)
             await self._pool.refresh()
-        if not isinstance(info, ModelInfo):
+        if not isinstance(info, ModelInfo) or info.kind is not ModelKind.EMBEDDING:
             await self.stop()
             raise InvalidInputError(
                 f"model {self.model!r} is a {info.kind.value}; the bulk job embeds with an "

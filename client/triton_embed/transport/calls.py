@@ -22,7 +22,7 @@ from typing import Any, Generic, Self, TypeVar
 import numpy as np
 
 from triton_embed.admin import check_key, read_admin_key
-from triton_embed.codec import decode_embeddings
+from triton_embed.codec import decode_embeddings, decode_sparse
 from triton_embed.errors import EmbedClientError, InvalidInputError, map_error
 from triton_embed.options import DEFAULT_EMBEDDING_TYPE, EmbeddingType
 from triton_embed.retry import RetryPolicy
@@ -85,7 +85,7 @@ class TextsRequest:
 
 @dataclass(frozen=True)
 class PairsRequest:
-    """What every request of one ``rerank`` call shares: the reranker and its parameters."""
+    """What every request of one ``rerank`` (or ``embed_sparse``) call shares: model, parameters."""
 
     model: str
     parameters: dict
@@ -204,6 +204,36 @@ def send_texts(
     if len(vectors) != len(batch) or len(counts) != len(batch):
         raise EmbedClientError(f"server returned {len(vectors)} embeddings for {len(batch)} texts")
     return vectors, counts
+
+
+def send_sparse(
+    channel: Channel, batch: list[bytes], offset: int, request: PairsRequest, calls: CallGroup
+) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
+    """One gRPC request to a sparse ensemble: ``batch`` (``texts[offset : ...]``) encoded.
+
+    ``request`` carries the sparse model and its parameters (docs/sparse.md); a cancellable
+    call as :func:`send_texts`'s.
+
+    Returns:
+        Per text ``(indices int32 [k], weights float32 [k])``, indices ascending
+        (:func:`~triton_embed.codec.decode_sparse`), and int32 ``[n]`` token counts.
+
+    Raises:
+        EmbedClientError: the mapped failure, or an answer that is not ``n`` sparse vectors;
+            :class:`Stopped` as for :func:`send_texts`.
+    """
+    result = _call(
+        channel, request.model, {"TEXT": batch}, ("SPARSE", "NUM_TOKENS"),
+        request.parameters, calls, offset, "texts",
+    )  # fmt: skip
+    elements = result.as_numpy("SPARSE").reshape(-1)
+    counts = result.as_numpy("NUM_TOKENS").reshape(-1).astype(np.int32)
+    if len(elements) != len(batch) or len(counts) != len(batch):
+        raise EmbedClientError(f"server returned {len(elements)} vectors for {len(batch)} texts")
+    try:
+        return [decode_sparse(e) for e in elements], counts
+    except ValueError as exc:
+        raise EmbedClientError(f"server returned an unreadable sparse vector: {exc}") from None
 
 
 def send_pairs(

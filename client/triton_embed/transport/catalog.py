@@ -1,6 +1,6 @@
 """The models the upstreams serve, read from their Triton model configs: embedders and rerankers.
 
-Two kinds of ensemble are served (:class:`ModelKind`); :func:`served_model` tells them apart.
+Three kinds of ensemble are served (:class:`ModelKind`); :func:`served_model` tells them apart.
 
 An **embedding ensemble** is a READY model whose config is ``platform: "ensemble"`` with the
 outputs ``EMBEDDING`` and ``NUM_TOKENS`` and at least two steps: the first step is its
@@ -29,6 +29,10 @@ What the catalog keeps of each is :class:`RerankerInfo`: ``max_batch_size`` (pai
 request), ``served_model_name``, ``max_length`` (the token budget per pair), ``family``
 (``cross_encoder`` or ``decoder``) and the pair tokenizer's token budget per request.
 
+A **sparse ensemble** (docs/sparse.md) is an embedding ensemble whose vector output is
+``SPARSE`` instead of ``EMBEDDING`` (per text, its non-zero vocabulary indices and weights);
+the catalog keeps it as a :class:`SparseInfo`, the same attributes as :class:`ModelInfo`.
+
 Clients name a model by its ensemble name or its ``served_model_name`` (:meth:`Catalog.resolve`);
 an ensemble name wins over another model's alias. Both kinds share one name space, so a
 request that names a model of the other kind is told so (``kind``) instead of "not found".
@@ -45,15 +49,17 @@ from triton_embed.options import OptionError, Truncation, parse_flag
 from triton_embed.serving_limits import REQUEST_TEXTS, request_token_budget
 
 EMBEDDING_OUTPUTS = frozenset({"EMBEDDING", "NUM_TOKENS"})
+SPARSE_OUTPUTS = frozenset({"SPARSE", "NUM_TOKENS"})
 RERANKER_INPUTS = frozenset({"QUERY", "DOCUMENT"})
 RERANKER_OUTPUTS = frozenset({"SCORE", "NUM_TOKENS"})
 
 
 class ModelKind(str, enum.Enum):
-    """What a served ensemble does: embed texts, or score query-document pairs."""
+    """What a served ensemble does: embed texts (dense or sparse), or score query-document pairs."""
 
     EMBEDDING = "embedding"
     RERANKER = "reranker"
+    SPARSE = "sparse"
 
 
 def parameter(config: Mapping[str, Any], key: str) -> str:
@@ -158,6 +164,8 @@ class ModelInfo:
     max_request_tokens: int | None = None
 
     kind: ClassVar[ModelKind] = ModelKind.EMBEDDING
+    #: The ensemble's output holding each text's vector.
+    output: ClassVar[str] = "EMBEDDING"
 
     def piece_size(self, truncation: Truncation | str | None) -> int:
         """Texts per upstream call, so that no call can pass the step's token budget.
@@ -197,7 +205,7 @@ class ModelInfo:
             return None
         outputs = {o.get("name") for o in config.get("output", [])}
         steps = [s.get("model_name") for s in config.get("ensemble_scheduling", {}).get("step", [])]
-        if not EMBEDDING_OUTPUTS <= outputs or len(steps) < 2 or not all(steps):
+        if not {cls.output, "NUM_TOKENS"} <= outputs or len(steps) < 2 or not all(steps):
             return None
         max_batch_size = _max_batch_size(config, 1)
         tokenizer_config = step_configs.get(steps[0]) or {}
@@ -223,6 +231,19 @@ class ModelInfo:
             max_chunks=max_chunks,
             max_request_tokens=_request_tokens(tokenizer_config, max_length, max_chunks),
         )
+
+
+@dataclass(frozen=True)
+class SparseInfo(ModelInfo):
+    """One sparse ensemble as the gateway serves it (:attr:`kind` ``sparse``; docs/sparse.md).
+
+    The attributes of :class:`ModelInfo`; its vector step is :attr:`embedder` (the sparse
+    encoder, ``TOKEN_IDS`` -> ``SPARSE``). ``dimension`` is the vocabulary size when the
+    config states it; ``pooling`` and ``normalize`` do not apply (``None``).
+    """
+
+    kind: ClassVar[ModelKind] = ModelKind.SPARSE
+    output: ClassVar[str] = "SPARSE"
 
 
 def _ensemble_steps(config: Mapping[str, Any]) -> list[str] | None:
@@ -345,15 +366,17 @@ def is_reranker_config(config: Mapping[str, Any]) -> bool:
 
 
 def kind_of_config(config: Mapping[str, Any]) -> ModelKind | None:
-    """The kind of a model config: by its outputs (``EMBEDDING`` or ``SCORE``), else ``None``."""
+    """A config's kind by its outputs (``EMBEDDING``, ``SPARSE``, ``SCORE``), else ``None``."""
     if is_reranker_config(config):
         return ModelKind.RERANKER
     outputs = {o.get("name") for o in config.get("output", [])}
+    if SPARSE_OUTPUTS <= outputs:
+        return ModelKind.SPARSE
     return ModelKind.EMBEDDING if EMBEDDING_OUTPUTS <= outputs else None
 
 
-#: A model of the catalog: an embedding ensemble or a reranker ensemble (``.kind`` says which).
-ServedModel = ModelInfo | RerankerInfo
+#: A model of the catalog: an embedding, sparse or reranker ensemble (``.kind`` says which).
+ServedModel = ModelInfo | SparseInfo | RerankerInfo
 
 
 def served_model(
@@ -374,6 +397,8 @@ def served_model(
         return reranker
     if config.get("platform") != "ensemble" or is_reranker_config(config):
         return None
+    if kind_of_config(config) is ModelKind.SPARSE:
+        return SparseInfo.from_configs(config, step_configs)
     return ModelInfo.from_configs(config, step_configs, facts())
 
 
@@ -390,7 +415,7 @@ class Catalog:
     """The models the ready upstreams serve, of both kinds, by name and by alias.
 
     Attributes:
-        models: ``{ensemble name: ModelInfo or RerankerInfo}``.
+        models: ``{ensemble name: ModelInfo, SparseInfo or RerankerInfo}``.
         aliases: ``{served_model_name: ensemble name}`` (names that are no ensemble's).
     """
 

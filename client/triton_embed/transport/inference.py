@@ -14,7 +14,8 @@ A failed piece fails the request with the
 :func:`~triton_embed.transport.failures.upstream_error`, naming a text by its index in the
 request's inputs.
 
-* :func:`embed_texts`: the ensemble, ``TEXT`` -> ``EMBEDDING``, ``NUM_TOKENS``;
+* :func:`embed_texts`: the ensemble, ``TEXT`` -> ``EMBEDDING`` (a sparse ensemble's
+  ``SPARSE``), ``NUM_TOKENS``;
 * :func:`embed_token_ids`: the ensemble's embedder step, ``TOKEN_IDS`` -> ``EMBEDDING``
   (``NUM_TOKENS`` is then the number of IDs of each input);
 * :func:`tokenize`: the ensemble's tokenizer step, ``TEXT`` -> ``TOKEN_IDS``.
@@ -41,12 +42,14 @@ from tritonclient.utils import InferenceServerException
 from triton_embed.codec import (
     bytes_elements,
     decode_embeddings,
+    decode_sparse,
     decode_token_ids,
     encode_token_ids,
     int32_values,
 )
 from triton_embed.options import RequestOptions
 from triton_embed.rerank_options import PairOptions
+from triton_embed.sparse_options import SparseOptions
 from triton_embed.transport.catalog import ModelInfo
 from triton_embed.transport.failures import ErrorKind, TransportError, upstream_error
 from triton_embed.transport.upstreams import UpstreamPool
@@ -70,7 +73,8 @@ class Embeddings:
 
     Attributes:
         elements: one ``EMBEDDING`` payload per input, exactly the server's bytes
-            (little-endian float32 for the default ``embedding_type``).
+            (little-endian float32 for the default ``embedding_type``); of a sparse model,
+            one ``SPARSE`` payload (:meth:`sparse`).
         num_tokens: int32 ``[n]``, tokens the model read per input.
     """
 
@@ -84,6 +88,16 @@ class Embeddings:
             ValueError: the payloads differ in length or are not whole float32 values.
         """
         return decode_embeddings(self.elements)
+
+    def sparse(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """A sparse model's vectors: per input, ``(indices int32 [k], weights float32 [k])``.
+
+        Indices ascending, as the server sends them (docs/sparse.md).
+
+        Raises:
+            ValueError: a payload is not a whole number of (int32, float32) pairs.
+        """
+        return [decode_sparse(e) for e in self.elements]
 
 
 def pieces(count: int, size: int) -> list[tuple[int, int]]:
@@ -233,7 +247,7 @@ async def call_model(
     model: str,
     inputs: Mapping[str, Sequence[bytes]],
     outputs: Sequence[str],
-    options: RequestOptions | PairOptions | None,
+    options: RequestOptions | PairOptions | SparseOptions | None,
     start: int,
 ) -> dict[str, bytes]:
     """One piece's upstream call, its failure mapped to a :class:`TransportError`.
@@ -246,7 +260,7 @@ async def call_model(
         model: the model to call.
         inputs: ``{input name: the piece's elements}``.
         outputs: the outputs it must answer.
-        options: the request options (an embedding's or a reranker's).
+        options: the request options (an embedding's, a reranker's or a sparse model's).
         start: index in the caller's inputs of the piece's first element (a refused
             input is named by its index there).
 
@@ -292,17 +306,18 @@ async def embed_texts(
     pool: Pool,
     model: ModelInfo,
     texts: Sequence[bytes],
-    options: RequestOptions | None = None,
+    options: RequestOptions | SparseOptions | None = None,
     budget: TokenBudget | None = None,
 ) -> Embeddings:
-    """Embed UTF-8 texts with the ensemble ``model``.
+    """Embed UTF-8 texts with the ensemble ``model`` (dense, or sparse: its ``output``).
 
     Args:
         pool: the upstreams.
-        model: the ensemble.
+        model: the ensemble (a :class:`~.catalog.SparseInfo` answers ``SPARSE``).
         texts: ``n`` UTF-8 payloads.
-        options: the request options (``truncation``, ``input_type``, ...; ``None``: the
-            server's defaults).
+        options: the request options (``truncation``, ``input_type``, ...; a sparse model's
+            :class:`~triton_embed.sparse_options.SparseOptions`; ``None``: the server's
+            defaults).
         budget: the request's token budget (``None``: none).
 
     Raises:
@@ -315,7 +330,7 @@ async def embed_texts(
             pool,
             model.name,
             {"TEXT": texts[start:stop]},
-            ("EMBEDDING", "NUM_TOKENS"),
+            (model.output, "NUM_TOKENS"),
             options,
             start,
         )
@@ -324,7 +339,7 @@ async def embed_texts(
             num_tokens = int32_values(raw["NUM_TOKENS"], count)
         except ValueError as exc:
             raise bad_answer(model.name, exc) from None
-        elements = _embedding_elements(raw["EMBEDDING"], count, model.name)
+        elements = _embedding_elements(raw[model.output], count, model.name)
         return (elements, num_tokens), int(num_tokens.sum())
 
     size = model.piece_size(None if options is None else options.truncation)
@@ -341,10 +356,10 @@ async def embed_token_ids(
     pool: Pool,
     model: ModelInfo,
     token_ids: Sequence[Sequence[int]],
-    options: RequestOptions | None = None,
+    options: RequestOptions | SparseOptions | None = None,
     budget: TokenBudget | None = None,
 ) -> Embeddings:
-    """Embed token-ID lists with the ensemble's embedder step (validated by the server).
+    """Embed token-ID lists with the ensemble's embedder (or sparse encoder) step.
 
     Args:
         pool: the upstreams.
@@ -366,10 +381,10 @@ async def embed_token_ids(
 
     async def call(start: int, stop: int) -> tuple[list[memoryview], int]:
         raw = await call_model(
-            pool, model.embedder, {"TOKEN_IDS": payloads[start:stop]}, ("EMBEDDING",),
+            pool, model.embedder, {"TOKEN_IDS": payloads[start:stop]}, (model.output,),
             options, start,
         )  # fmt: skip
-        return _embedding_elements(raw["EMBEDDING"], stop - start, model.embedder), 0
+        return _embedding_elements(raw[model.output], stop - start, model.embedder), 0
 
     results = await each_piece(len(payloads), model.embedder_max_batch_size, call)
     counts = np.array([len(ids) for ids in token_ids], dtype=np.int32)

@@ -36,6 +36,7 @@ route                       API     handler
 ``POST /score``             vLLM    :func:`~triton_embed_server.gateway.score_api.score`
 ``POST /v1/score``          vLLM    :func:`~triton_embed_server.gateway.score_api.score`
 ``POST /embed``             TEI     :func:`~triton_embed_server.gateway.tei_api.embed`
+``POST /embed_sparse``      TEI     :func:`~triton_embed_server.gateway.tei_api.embed_sparse`
 ``POST /tokenize``          TEI     :func:`~triton_embed_server.gateway.tei_api.tokenize`
 ``GET /info``               TEI     :func:`~triton_embed_server.gateway.tei_api.info`
 ``GET /health``             TEI     :func:`~triton_embed_server.gateway.tei_api.health`
@@ -64,7 +65,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 from triton_embed.options import RequestOptions, Truncation
-from triton_embed.transport.catalog import ModelInfo, ModelKind, RerankerInfo, ServedModel
+from triton_embed.transport.catalog import (
+    ModelInfo,
+    ModelKind,
+    RerankerInfo,
+    ServedModel,
+    SparseInfo,
+)
 from triton_embed.transport.failures import TransportError
 from triton_embed.transport.inference import Pool, TokenBudget
 from triton_embed.transport.upstreams import UpstreamPool
@@ -78,7 +85,6 @@ from triton_embed_server.gateway.errors import (
     OPENAI,
     QUOTE_CHARS,
     TEI,
-    BadRequest,
     ClientGone,
     GatewayError,
     Internal,
@@ -91,7 +97,7 @@ from triton_embed_server.gateway.errors import (
     quote,
 )
 from triton_embed_server.gateway.folder_facts import folder_facts
-from triton_embed_server.gateway.kinds import wrong_kind
+from triton_embed_server.gateway.kinds import model_of_kind, wrong_kind
 from triton_embed_server.gateway.merging import Merger
 from triton_embed_server.gateway.metrics import GatewayMetrics
 from triton_embed_server.gateway.settings import GatewaySettings, configure_logging
@@ -198,25 +204,17 @@ class Gateway:
             Unavailable, NotFound, BadRequest: as :meth:`model`; no reranker is served
                 (404), or several and the request names none (400, lists them).
         """
-        if name is None:
-            name = self.default_reranker
-        if name is not None:
-            return self.model(name, ModelKind.RERANKER)
-        served = self.pool.catalog.of_kind(ModelKind.RERANKER)
-        if len(served) == 1:
-            return self.model(served[0], ModelKind.RERANKER)
-        self.require_ready()
-        if not served:
-            raise NotFound(
-                "no reranker is served: the upstreams have no reranker ensemble ready "
-                "(docs/rerank.md, 'Adding one'); GET /v1/models lists the models",
-                param="model",
-            )
-        raise BadRequest(
-            f"several rerankers are served ({', '.join(served)}): send 'model', or start the "
-            "gateway with --default-reranker",
-            param="model",
-        )
+        return model_of_kind(self, name, ModelKind.RERANKER, self.default_reranker)
+
+    def sparse_model(self, name: str | None) -> SparseInfo:
+        """The sparse model ``name``, else ``--default-model`` if sparse, else the only one.
+
+        Raises:
+            Unavailable, NotFound, BadRequest: as :func:`~.kinds.model_of_kind`.
+        """
+        info = self.pool.catalog.resolve(self.default_model) if self.default_model else None
+        default = self.default_model if info and info.kind is ModelKind.SPARSE else None
+        return model_of_kind(self, name, ModelKind.SPARSE, default)
 
     def pair_budget(self, model: RerankerInfo, field: str) -> TokenBudget:
         """The token budget of one rerank or score request (``--max-request-tokens``).
@@ -381,8 +379,8 @@ async def _no_route(request: Request, exc: HTTPException) -> Response:
         error = NotFound(
             f"no route {request.method} {path}; the routes are POST /v1/embeddings, GET "
             "/v1/models, POST /v1/rerank, POST /v2/rerank, POST /score, POST /v1/score, "
-            "POST /embed, POST /tokenize, POST /rerank, GET /info, GET /health, GET /metrics "
-            "(and TEI's POST /, POST /invocations, GET /, GET /ping)",
+            "POST /embed, POST /embed_sparse, POST /tokenize, POST /rerank, GET /info, GET "
+            "/health, GET /metrics (and TEI's POST /, POST /invocations, GET /, GET /ping)",
             code="unknown_route",
         )
     response = error_response(error, api)
@@ -416,6 +414,11 @@ def build_app(gateway: Gateway, *, lifespan: Callable | None = None) -> Starlett
         Route("/score", e("/score", OPENAI, score_api.score, body=True), methods=["POST"]),
         Route("/v1/score", e("/v1/score", OPENAI, score_api.score, body=True), methods=["POST"]),
         Route("/embed", e("/embed", TEI, tei_api.embed, body=True), methods=["POST"]),
+        Route(
+            "/embed_sparse",
+            e("/embed_sparse", TEI, tei_api.embed_sparse, body=True),
+            methods=["POST"],
+        ),  # fmt: skip
         Route("/tokenize", e("/tokenize", TEI, tei_api.tokenize, body=True), methods=["POST"]),
         Route("/info", e("/info", TEI, tei_api.info, counted=False), methods=["GET"]),
         # TEI's base-URL routes: POST / and /invocations embed, GET / and /ping are health.

@@ -15,6 +15,13 @@ TEI serves one model; these routes use the gateway's default model (``--default-
   ``normalize=false``, so the embedder step returns the pooled vectors without L2
   normalization (Haystack's TEI embedders send it by default); ``true`` returns them
   L2-normalized (normalized here for a model that does not normalize).
+* ``POST /embed_sparse`` ``{"inputs", "truncate", "truncation_direction", "prompt_name"}``
+  plus the gateway's ``model`` (a sparse model; absent: ``--default-model`` when it is one,
+  else the only sparse model served) and two extensions, ``top_k`` and ``threshold`` (the
+  sparse ensemble's request parameters, docs/sparse.md) -> ``[[{"index", "value"}, ...],
+  ...]``: per input its non-zero vocabulary entries, ascending by index, as TEI answers.
+  A dense model named here is 400 (``wrong_model_kind``), as a sparse one named in
+  ``/embed`` or ``/v1/embeddings`` is.
 * ``POST /tokenize`` ``{"inputs", "add_special_tokens", "prompt_name"}`` ->
   ``[[{"id", "text", "special", "start", "stop"}, ...], ...]``: the IDs the model's
   tokenizer step makes (``truncation=NONE``: all of them, or 400 past the token budget).
@@ -45,8 +52,9 @@ import numpy as np
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
-from triton_embed.options import RequestOptions, Truncation
+from triton_embed.options import OptionError, RequestOptions, Truncation
 from triton_embed.reranking import MAX_DOCUMENTS
+from triton_embed.sparse_options import SparseOptions
 from triton_embed.transport import inference
 from triton_embed.transport.catalog import ModelInfo, ModelKind, RerankerInfo
 
@@ -71,6 +79,15 @@ EMBED_FIELDS = (
     "dimensions",
 )
 TOKENIZE_FIELDS = ("inputs", "add_special_tokens", "prompt_name")
+SPARSE_FIELDS = (
+    "inputs",
+    "truncate",
+    "truncation_direction",
+    "prompt_name",
+    "model",
+    "top_k",
+    "threshold",
+)
 DIRECTIONS = {"right": Truncation.END, "left": Truncation.START}
 JSON = "application/json"
 
@@ -114,24 +131,8 @@ def parse_embed_request(body: Any, model: ModelInfo) -> tuple[Inputs, RequestOpt
     body = _object(body, EMBED_FIELDS)
     inputs = _inputs(body.get("inputs"))
     normalize = _flag(body, "normalize", True)
-    truncate = _flag(body, "truncate", False)
-    direction = body.get("truncation_direction")
-    direction = "right" if direction is None else direction
-    if not isinstance(direction, str) or direction.lower() not in DIRECTIONS:
-        raise BadRequest(
-            f"'truncation_direction' must be 'Left' or 'Right', got {quote(direction)}"
-        )
+    truncation = _truncation(body, inputs)
     prompt_name = body.get("prompt_name")
-    if inputs.token_ids is not None:
-        for field, value in (("truncate", truncate or None), ("prompt_name", prompt_name)):
-            if value is not None:
-                raise BadRequest(
-                    f"'{field}' applies to text input; token IDs are embedded as given (send "
-                    "text, or leave it out)"
-                )
-        truncation = None
-    else:
-        truncation = DIRECTIONS[direction.lower()] if truncate else Truncation.NONE
     options = request_options(
         truncation=truncation,
         input_type=prompt_name,
@@ -142,6 +143,85 @@ def parse_embed_request(body: Any, model: ModelInfo) -> tuple[Inputs, RequestOpt
     if not normalize:  # the embedder step returns the pooled vectors as they are
         options = dataclasses.replace(options, normalize=False)
     return inputs, options, normalize and model.normalize is not True
+
+
+def _truncation(body: dict[str, Any], inputs: Inputs) -> Truncation | None:
+    """TEI's ``truncate`` and ``truncation_direction`` as a truncation (``None``: token IDs).
+
+    Raises:
+        BadRequest: a malformed field, or a text option sent with token IDs.
+    """
+    truncate = _flag(body, "truncate", False)
+    direction = body.get("truncation_direction")
+    direction = "right" if direction is None else direction
+    if not isinstance(direction, str) or direction.lower() not in DIRECTIONS:
+        raise BadRequest(
+            f"'truncation_direction' must be 'Left' or 'Right', got {quote(direction)}"
+        )
+    if inputs.token_ids is None:
+        return DIRECTIONS[direction.lower()] if truncate else Truncation.NONE
+    for field, value in (("truncate", truncate or None), ("prompt_name", body.get("prompt_name"))):
+        if value is not None:
+            raise BadRequest(
+                f"'{field}' applies to text input; token IDs are embedded as given (send "
+                "text, or leave it out)"
+            )
+    return None
+
+
+def parse_sparse_request(body: Any) -> tuple[Inputs, SparseOptions, str | None]:
+    """Read a ``POST /embed_sparse`` body: the inputs, the options and the ``model`` asked for.
+
+    Raises:
+        BadRequest: a malformed field (names it and what it takes).
+        EmptyInput, TooLarge: no inputs, or more than 2,048.
+    """
+    body = _object(body, SPARSE_FIELDS)
+    inputs = _inputs(body.get("inputs"))
+    truncation = _truncation(body, inputs)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest(f"'model' must be a string, got {quote(model)}", param="model")
+    text = request_options(
+        truncation=truncation, input_type=body.get("prompt_name"), input_type_field="prompt_name"
+    )
+    try:
+        options = SparseOptions(
+            truncation=text.truncation,
+            input_type=text.input_type,
+            top_k=body.get("top_k"),
+            threshold=body.get("threshold"),
+        )
+    except OptionError as exc:
+        raise BadRequest(str(exc), param=exc.name) from None
+    return inputs, options, model
+
+
+async def embed_sparse(gateway: Gateway, request: Request, state: RequestState) -> Response:
+    """``POST /embed_sparse``: TEI's sparse embeddings, ``[[{"index", "value"}, ...], ...]``."""
+    inputs, options, name = parse_sparse_request(state.body)
+    model = gateway.sparse_model(name)
+    state.model = model.name
+    check_not_empty(inputs, model, "inputs")
+    budget = gateway.token_budget(model, options.text_options(), "inputs")
+    if inputs.texts is not None:
+        result = await gateway.merger.embed_texts(model, inputs.texts, options, budget)
+    else:
+        result = await inference.embed_token_ids(
+            gateway.pool, model, inputs.token_ids or [], options, budget
+        )
+    state.inputs = len(inputs)
+    state.tokens = int(result.num_tokens.sum())
+    try:
+        vectors = result.sparse()
+    except ValueError as exc:
+        raise inference.bad_answer(model.name, exc) from None
+    # float32 scalars, so orjson writes each weight's shortest float32 form, as TEI does.
+    answer = [
+        [{"index": i, "value": v} for i, v in zip(idx.tolist(), val, strict=True)]
+        for idx, val in vectors
+    ]
+    return Response(orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY), media_type=JSON)
 
 
 def l2_normalized(matrix: np.ndarray) -> np.ndarray:
@@ -242,7 +322,9 @@ def render_info(gateway: Gateway, model: ModelInfo | RerankerInfo) -> dict[str, 
             }
         )
         return info
-    if model.pooling is not None:
+    if model.kind is ModelKind.SPARSE:  # TEI names a SPLADE model's pooling "splade"
+        info["model_type"] = {"embedding": {"pooling": "splade"}}
+    elif model.pooling is not None:
         info["model_type"] = {"embedding": {"pooling": model.pooling}}
     info.update(
         {

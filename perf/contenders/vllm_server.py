@@ -44,12 +44,19 @@ class VllmServer:
         model: the model folder (default: the shipped all-MiniLM-L6-v2).
         max_model_len: its ``--max-model-len``, tokens per input (default: that model's
             256-token budget).
+        extra_args: further command-line arguments (e.g. ``--hf-overrides`` for a SPLADE
+            folder, as vLLM's docs tell its users).
     """
 
     def __init__(
-        self, dtype: str = "float32", model: Path = MODEL, max_model_len: int = MAX_TOKENS
+        self,
+        dtype: str = "float32",
+        model: Path = MODEL,
+        max_model_len: int = MAX_TOKENS,
+        extra_args: tuple[str, ...] = (),
     ):
         self.dtype = dtype
+        self.extra_args = extra_args
         self.model = model
         self.max_model_len = max_model_len
         self.port = free_port()
@@ -85,6 +92,7 @@ class VllmServer:
             "127.0.0.1",
             "--port",
             str(self.port),
+            *self.extra_args,
         ]
         env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", OMP_NUM_THREADS=THREADS)
         self.proc = subprocess.Popen(

@@ -242,6 +242,21 @@ def test_a_pair_the_server_refused_is_named_by_its_index_in_the_documents(client
     assert r.json()["message"].startswith("in ensemble 'rerank', pair 5 has 700 tokens")
 
 
+def test_teis_rerank_tells_an_over_long_pair_to_send_truncate_true(client):
+    """TEI's route has no ``truncation`` field: the server's advice is put in its words."""
+    c, pool = client
+    pool.fail = InferenceServerException(
+        msg="in ensemble 'rerank', pair 0 has 700 tokens; the model reads 512 per pair; shorten "
+        "it or set the request parameter truncation=longest_first or only_second",
+        status="StatusCode.INVALID_ARGUMENT",
+    )
+    r = post(c, "/rerank", {"query": QUERY, "texts": DOCUMENTS[:2]})
+    assert r.status_code == 400
+    assert r.json()["error"].endswith('512 per pair; shorten it or send "truncate": true')
+    r = post(c, "/v1/rerank", body())  # Cohere's envelope keeps the parameter's name
+    assert r.json()["message"].endswith("truncation=longest_first or only_second")
+
+
 def test_the_token_budget_bounds_a_rerank_request():
     c, _, _ = make_client(RerankPool(), max_request_tokens=20)
     r = post(c, "/v2/rerank", body())

@@ -383,6 +383,30 @@ def test_concurrent_calls_spread_over_upstreams():
     run(scenario())
 
 
+def test_calls_past_calls_per_model_wait_in_the_pool_instead_of_the_servers_queue():
+    """A request cut into many pieces must not overflow a step's max_queue_size (429)."""
+    cluster = Cluster()
+
+    async def scenario():
+        pool = make_pool(cluster, "127.0.0.1:1", calls_per_model=2)
+        await pool.refresh()
+        (client,) = cluster.clients.values()
+        client.gate = asyncio.Event()
+        calls = [
+            asyncio.ensure_future(pool.infer("embed", {"TEXT": [b"x"]}, ["EMBEDDING"]))
+            for _ in range(5)
+        ]
+        await asyncio.sleep(0.01)
+        assert len(client.infers) == 2  # sent; the other 3 wait in the pool
+        assert [u.outstanding for u in pool.upstreams.values()] == [5]
+        client.gate.set()
+        answers = await asyncio.gather(*calls)
+        assert len(client.infers) == 5 and len(answers) == 5
+        await pool.stop()
+
+    run(scenario())
+
+
 def test_a_dead_upstream_is_taken_out_the_call_retried_once_elsewhere_and_put_back():
     cluster = Cluster()
 

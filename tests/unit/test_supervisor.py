@@ -395,6 +395,21 @@ def test_start_watch_a_hang_after_every_initialize_is_a_stall():
     assert watch.longest_quiet_s == 60.0
 
 
+def test_start_watch_idle_vllm_engines_polling_are_no_progress():
+    """A stalled start seen here: 4 idle vLLM engines used 0.9 s of CPU in 20 s together."""
+    watch = StartWatch(now=0.0, stall_s=60.0)
+    stubs = {10: 3.0, 11: 5.0, 12: 5.0, 13: 5.0, 14: 5.0}
+    for t in range(1, 60):
+        stubs = {pid: cpu + (0.01125 if pid != 10 else 0.0) for pid, cpu in stubs.items()}
+        watch.sample(stubs, now=float(t))
+        assert not watch.stalled(float(t))
+    watch.sample(stubs, now=60.0)
+    assert watch.stalled(60.0)  # 0.9 s summed every 20 s no longer counts as progress
+    busy = {**stubs, 12: stubs[12] + 1.2}  # one engine loading: 1.2 s within the window
+    watch.sample(busy, now=61.0)
+    assert not watch.stalled(61.0) and "by one process" in watch.last_event
+
+
 def test_start_watch_cpu_use_and_model_states_are_progress():
     watch = StartWatch(now=0.0, stall_s=10.0)
     watch.sample({1: 0.0, 2: 0.0}, now=1.0)

@@ -162,6 +162,12 @@ class UpstreamPool:
         resolver: ``async (host, port) -> [ip, ...]`` (tests pass a fake).
         facts_reader: ``embedder config -> FolderFacts`` (default
             :func:`~.catalog.config_facts`; the gateway passes one that reads model folders).
+        calls_per_model: calls in flight to one model on one upstream; more wait here, in
+            order, for a free one (``None``: no limit). Triton refuses a request past a
+            step's ``max_queue_size`` (70 in the shipped configs) at once, so a gateway whose
+            requests are cut into many pieces (up to 1,000 documents of a rerank call in
+            pieces of 16) holds the excess itself instead of failing requests the server
+            could have served a moment later.
     """
 
     def __init__(
@@ -176,8 +182,11 @@ class UpstreamPool:
         facts_reader: Callable[[Mapping[str, Any]], FolderFacts] = config_facts,
         health_interval_s: float = HEALTH_INTERVAL_S,
         resolve_interval_s: float = RESOLVE_INTERVAL_S,
+        calls_per_model: int | None = None,
     ):
         self.targets = list(targets)
+        self.calls_per_model = calls_per_model
+        self._gates: dict[tuple[str, str], asyncio.Semaphore] = {}
         self.timeout_s = timeout_s
         self.observer = observer
         self._headers = grpc_headers(admin_key) or None
@@ -375,6 +384,15 @@ class UpstreamPool:
         rotated = candidates[self._turn :] + candidates[: self._turn]
         return min(rotated, key=lambda u: u.outstanding)
 
+    def _gate(self, address: str, model: str) -> contextlib.AbstractAsyncContextManager:
+        """What a call to ``model`` on ``address`` waits on (:attr:`calls_per_model`)."""
+        if self.calls_per_model is None:
+            return contextlib.nullcontext()
+        key = (address, model)
+        if key not in self._gates:
+            self._gates[key] = asyncio.Semaphore(self.calls_per_model)
+        return self._gates[key]
+
     async def infer(
         self,
         model: str,
@@ -415,13 +433,14 @@ class UpstreamPool:
             tried.append(upstream)
             upstream.outstanding += 1
             try:
-                result = await upstream.client.infer(
-                    model,
-                    tensors_in,
-                    outputs=requested,
-                    parameters=dict(parameters) if parameters else None,
-                    client_timeout=self.timeout_s,
-                )
+                async with self._gate(upstream.address, model):
+                    result = await upstream.client.infer(
+                        model,
+                        tensors_in,
+                        outputs=requested,
+                        parameters=dict(parameters) if parameters else None,
+                        client_timeout=self.timeout_s,
+                    )
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

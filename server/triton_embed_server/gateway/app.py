@@ -282,7 +282,11 @@ class Gateway:
                     self.metrics.in_flight.inc()
                 response = await self._serve(handler, request, state, watch=body)
             except (GatewayError, TransportError) as failed:
-                error = from_transport(failed) if isinstance(failed, TransportError) else failed
+                error = (
+                    from_transport(failed, state.api or api)
+                    if isinstance(failed, TransportError)
+                    else failed
+                )
                 if error.status >= 500:
                     log.warning("%s %s: %d %s", request.method, route, error.status, error)
                 response = error_response(error, state.api or api)
@@ -454,6 +458,7 @@ def create_app(settings: GatewaySettings) -> Starlette:
         timeout_s=settings.timeout_s,
         observer=metrics,
         facts_reader=folder_facts,
+        calls_per_model=settings.max_upstream_calls,
     )
     gateway = Gateway(settings, pool, metrics, settings.api_key())
     protocol.configure(

@@ -82,6 +82,13 @@ _FLAGS = (
         "%(default)s: no merging, which measured as fast on 2 cores; perf/README.md)",
     ),
     (
+        "--max-upstream-calls",
+        positive_int,
+        "calls in flight to one model on one upstream; a request's further pieces wait in "
+        "the gateway, instead of past the server's queue (max_queue_size 70, answered 429) "
+        "(default %(default)s)",
+    ),
+    (
         "--default-model",
         str,
         "the model of the TEI routes /embed, /tokenize, /info (default %(default)s)",

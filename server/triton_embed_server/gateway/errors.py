@@ -46,6 +46,7 @@ the same statuses on both APIs (400 and 502), so one status means one thing.
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar
 
 from triton_embed.transport.failures import ErrorKind, TransportError
@@ -277,8 +278,30 @@ STATUS_OF_KIND: dict[ErrorKind, tuple[type[GatewayError], str | None]] = {
 }
 
 
-def from_transport(exc: TransportError) -> GatewayError:
+#: The server steps' advice for an over-long input, as TEI's routes take it: TEI has no
+#: ``truncation`` field, its ``truncate: true`` is what the request must send.
+_TRUNCATION_ADVICE = re.compile(r"set the request parameter truncation=[\w]+(?:, \w+)*(?: or \w+)?")
+
+
+def for_api(message: str, api: str | None) -> str:
+    """``message`` of a server step with its advice in the words of ``api``'s fields.
+
+    >>> for_api("it has 610 tokens; shorten it or set the request parameter "
+    ...         "truncation=longest_first or only_second", TEI)
+    'it has 610 tokens; shorten it or send "truncate": true'
+    """
+    if api == TEI:
+        return _TRUNCATION_ADVICE.sub('send "truncate": true', message)
+    return message
+
+
+def from_transport(exc: TransportError, api: str | None = None) -> GatewayError:
     """The gateway error for a failure of the transport (an upstream call, a token budget).
+
+    Args:
+        exc: the failure.
+        api: the route's API (:data:`TEI`, ...): the server's advice is put in its fields'
+            words (:func:`for_api`).
 
     Returns:
         The :data:`STATUS_OF_KIND` class of its kind with its message: 400 for refused input
@@ -288,4 +311,4 @@ def from_transport(exc: TransportError) -> GatewayError:
     """
     cls, code = STATUS_OF_KIND[exc.kind]
     param = exc.field or ("input" if exc.kind is ErrorKind.INVALID_INPUT else None)
-    return cls(exc.message, param=param, code=code)
+    return cls(for_api(exc.message, api), param=param, code=code)

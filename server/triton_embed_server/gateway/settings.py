@@ -38,6 +38,10 @@ DEFAULT_MAX_BODY_BYTES = (
     MAX_INPUTS * (CHARS_PER_TOKEN_CAP * SHIPPED_MAX_LENGTH + JSON_BYTES_PER_INPUT)
     + JSON_BYTES_OTHER
 )
+#: Calls in flight to one model on one upstream (``--max-upstream-calls``): under the
+#: shipped steps' ``max_queue_size`` (70), with room for the server's other clients; 32
+#: pieces of 16 pairs keep two scorer replicas busy (docs/rerank.md, "Throughput").
+DEFAULT_MAX_UPSTREAM_CALLS = 32
 #: The default token budget of one embedding request (``--max-request-tokens``): 2**17 =
 #: 131,072 tokens, 512 texts at the shipped model's full 256-token budget. The CPU engine
 #: embeds about 5,000-14,000 tokens/s on 2 cores, so a request at the budget takes 9-26 s:
@@ -84,6 +88,9 @@ class GatewaySettings:
         merge_in_flight: upstream calls per model and request parameters before further
             small text requests wait and are merged into one call (0: no merging;
             :mod:`~triton_embed_server.gateway.merging`).
+        max_upstream_calls: calls in flight to one model on one upstream; a request's
+            further pieces wait in the gateway for a free one
+            (:class:`~triton_embed.transport.upstreams.UpstreamPool`, ``calls_per_model``).
         default_model: the model of the TEI routes.
         default_reranker: the reranker of TEI's ``/rerank`` and of a rerank or score request
             without ``model`` (``None``: the only reranker the upstreams serve).
@@ -104,6 +111,7 @@ class GatewaySettings:
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     max_in_flight: int = 512
     merge_in_flight: int = 0
+    max_upstream_calls: int = DEFAULT_MAX_UPSTREAM_CALLS
     default_model: str = DEFAULT_MODEL
     default_reranker: str | None = None
     timeout_s: float = 60.0
@@ -118,6 +126,7 @@ class GatewaySettings:
             "header_timeout_s": self.header_timeout_s,
             "body_timeout_s": self.body_timeout_s,
             "max_in_flight": self.max_in_flight,
+            "max_upstream_calls": self.max_upstream_calls,
             "timeout_s": self.timeout_s,
         }
         bad = [f"{name}={value}" for name, value in positive.items() if not value > 0]
@@ -143,6 +152,7 @@ class GatewaySettings:
             body_timeout_s=args.body_timeout_s,
             max_in_flight=args.max_in_flight,
             merge_in_flight=args.merge_in_flight,
+            max_upstream_calls=args.max_upstream_calls,
             default_model=args.default_model,
             default_reranker=args.default_reranker,
             timeout_s=args.timeout_s,

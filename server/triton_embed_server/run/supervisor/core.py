@@ -283,7 +283,7 @@ class Supervisor:
                         "(--ready-timeout-s); stopping it"
                     )
                     code = self._stop_server(timeout_s=30.0)
-                    return code, f"was stopped: not ready after {self.ready_timeout_s:g} s", False
+                    return code, "was stopped: not ready within --ready-timeout-s", False
                 if self.api.status("/v2/health/ready") == 200:
                     ready, self.ever_ready, self.ever_ready_now = True, True, True
                     now = time.monotonic()

@@ -10,6 +10,10 @@
 #                                                     # ports +10 per node; see docs/operations.md)
 #   GATEWAY_PORT=8080 scripts/serve.sh                # also the HTTP gateway (OpenAI, TEI APIs) on
 #                                                     # that port, in front of this server's gRPC port
+#   GATEWAY_PORT=8080 GATEWAY_ARGS="--default-reranker rerank --max-body-mb 8" scripts/serve.sh
+#                                                     # gateway flags (triton-embed gateway --help)
+#   MODEL_REPOSITORY=/srv/models scripts/serve.sh     # another model repository (default: this
+#                                                     # checkout's model_repository)
 #
 # Extra arguments go to tritonserver unchanged (later ones win). Needs scripts/setup.sh first.
 set -euo pipefail
@@ -82,8 +86,10 @@ case "$ADDR" in
     *:*) UPSTREAM="[${ADDR}]:${GRPC_PORT}" ;;
     *) UPSTREAM="${ADDR}:${GRPC_PORT}" ;;
 esac
+GATEWAY_FLAGS=()
+[[ -z "${GATEWAY_ARGS:-}" ]] || read -r -a GATEWAY_FLAGS <<< "$GATEWAY_ARGS"
 "${ROOT}/.venv/bin/python" -m triton_embed_server.gateway --upstream "$UPSTREAM" \
-    --host "$ADDR" --port "$GATEWAY_PORT" &
+    --host "$ADDR" --port "$GATEWAY_PORT" "${GATEWAY_FLAGS[@]}" &
 GATEWAY_PID=$!
 stop_gateway() {
     kill -TERM "$GATEWAY_PID" 2>/dev/null || true

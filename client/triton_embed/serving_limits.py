@@ -15,6 +15,14 @@ REQUEST_TEXTS = 64
 #: replica is sized to run within its queue timeout (the embedder config's queue policy:
 #: 256 texts x 256 tokens = 65,536 tokens at 3,500 tokens/s = 18.7 s, under 30 s).
 REQUEST_TOKENS_CAP = 65_536
+#: Characters of a query or document a reranker's pair tokenizer keeps per token of its
+#: budget (its default ``max_chars`` = 16 x ``max_length``; the gateway cuts documents there
+#: too when truncation is on). A quarter of the embedder's cap (64): a pair is cut to
+#: ``max_length`` tokens anyway, English prose takes 4-5 characters per token, and two texts
+#: per pair at 64 would make the tokenizer's shared-memory region 16 MiB for a 512-token
+#: model (64 pairs x 2 x 4 bytes x 32,768 characters) where 16 keeps it at 4 MiB
+#: (:mod:`triton_embed_server.host.shm.sizing`).
+PAIR_CHARS_PER_TOKEN = 16
 
 
 def request_token_budget(texts: int, max_length: int, max_chunks: int) -> int:

@@ -257,6 +257,27 @@ def test_teis_rerank_tells_an_over_long_pair_to_send_truncate_true(client):
     assert r.json()["message"].endswith("truncation=longest_first or only_second")
 
 
+def test_an_over_long_document_is_cut_as_the_pair_tokenizer_cuts_it_unless_truncation_is_off():
+    """A 2 MB document is truncated like TEI and Cohere do, not refused for its size."""
+    model = rerank_info(4, max_length=512, max_chars=100)
+    pool = RerankPool(rerankers=(model,))
+    seen = []
+    infer = pool.infer
+
+    async def spy(name, inputs, outputs, parameters=None):
+        seen.extend(bytes(d) for d in inputs.get("DOCUMENT", []))
+        return await infer(name, inputs, outputs, parameters)
+
+    pool.infer = spy
+    c, _, _ = make_client(pool)
+    huge = "é" + "panda " * 350_000  # 2.1 MB
+    r = post(c, "/v2/rerank", body(documents=[huge, "a panda"]))
+    assert r.status_code == 200, r.text
+    assert seen == [huge[:100].encode(), b"a panda"]
+    r = post(c, "/rerank", {"query": QUERY, "texts": [huge], "truncate": False})
+    assert seen[-1] == huge.encode()  # truncation off: the server refuses it, naming the cap
+
+
 def test_the_token_budget_bounds_a_rerank_request():
     c, _, _ = make_client(RerankPool(), max_request_tokens=20)
     r = post(c, "/v2/rerank", body())

@@ -45,6 +45,7 @@ def test_a_reranker_ensemble_is_recognised_with_its_facts():
         dtype="bfloat16",
         # the pair tokenizer's default: min(64 pairs x 512 tokens, 65,536)
         max_request_tokens=32768,
+        max_chars=16 * 512,  # its default max_chars: PAIR_CHARS_PER_TOKEN x max_length
     )
     assert info.kind is ModelKind.RERANKER and info.piece_size() == 64
     assert kind_of_config(RERANK_CONFIG) is ModelKind.RERANKER

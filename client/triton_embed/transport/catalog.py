@@ -46,7 +46,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from triton_embed.options import OptionError, Truncation, parse_flag
-from triton_embed.serving_limits import REQUEST_TEXTS, request_token_budget
+from triton_embed.serving_limits import (
+    PAIR_CHARS_PER_TOKEN,
+    REQUEST_TEXTS,
+    request_token_budget,
+)
 
 EMBEDDING_OUTPUTS = frozenset({"EMBEDDING", "NUM_TOKENS"})
 SPARSE_OUTPUTS = frozenset({"SPARSE", "NUM_TOKENS"})
@@ -273,6 +277,10 @@ class RerankerInfo:
             :func:`triton_embed.serving_limits.request_token_budget` for one window per
             pair), or ``None`` when the config does not give ``max_length``.
         preferred_pairs: the scorer's preferred batch (:func:`preferred_pairs`), or ``None``.
+        max_chars: characters of a query or document the pair tokenizer keeps with
+            truncation on (its ``max_chars`` parameter, else
+            :data:`~triton_embed.serving_limits.PAIR_CHARS_PER_TOKEN` x ``max_length``), or
+            ``None`` when the config gives neither.
     """
 
     name: str
@@ -285,6 +293,7 @@ class RerankerInfo:
     dtype: str = "float32"
     max_request_tokens: int | None = None
     preferred_pairs: int | None = None
+    max_chars: int | None = None
 
     kind: ClassVar[ModelKind] = ModelKind.RERANKER
 
@@ -330,6 +339,8 @@ class RerankerInfo:
             dtype=parameter(scorer_config, "dtype") or "float32",
             max_request_tokens=_request_tokens(tokenizer_config, max_length, 1),
             preferred_pairs=preferred_pairs(scorer_config),
+            max_chars=_int_parameter(tokenizer_config, "max_chars")
+            or (PAIR_CHARS_PER_TOKEN * max_length if max_length else None),
         )
 
 

@@ -162,12 +162,8 @@ class UpstreamPool:
         resolver: ``async (host, port) -> [ip, ...]`` (tests pass a fake).
         facts_reader: ``embedder config -> FolderFacts`` (default
             :func:`~.catalog.config_facts`; the gateway passes one that reads model folders).
-        calls_per_model: calls in flight to one model on one upstream; more wait here, in
-            order, for a free one (``None``: no limit). Triton refuses a request past a
-            step's ``max_queue_size`` (70 in the shipped configs) at once, so a gateway whose
-            requests are cut into many pieces (up to 1,000 documents of a rerank call in
-            pieces of 16) holds the excess itself instead of failing requests the server
-            could have served a moment later.
+        calls_per_model: calls in flight to one model on one upstream (``None``: any); more
+            wait here, in order, not past a step's ``max_queue_size`` where Triton says 429.
     """
 
     def __init__(
@@ -184,8 +180,7 @@ class UpstreamPool:
         resolve_interval_s: float = RESOLVE_INTERVAL_S,
         calls_per_model: int | None = None,
     ):
-        self.targets = list(targets)
-        self.calls_per_model = calls_per_model
+        self.targets, self.calls_per_model = list(targets), calls_per_model
         self._gates: dict[tuple[str, str], asyncio.Semaphore] = {}
         self.timeout_s = timeout_s
         self.observer = observer
@@ -385,13 +380,10 @@ class UpstreamPool:
         return min(rotated, key=lambda u: u.outstanding)
 
     def _gate(self, address: str, model: str) -> contextlib.AbstractAsyncContextManager:
-        """What a call to ``model`` on ``address`` waits on (:attr:`calls_per_model`)."""
+        """What a call to ``model`` on ``address`` waits on (``calls_per_model``)."""
         if self.calls_per_model is None:
             return contextlib.nullcontext()
-        key = (address, model)
-        if key not in self._gates:
-            self._gates[key] = asyncio.Semaphore(self.calls_per_model)
-        return self._gates[key]
+        return self._gates.setdefault((address, model), asyncio.Semaphore(self.calls_per_model))
 
     async def infer(
         self,

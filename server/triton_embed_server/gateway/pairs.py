@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from triton_embed.options import OptionError
-from triton_embed.rerank_options import PairOptions
+from triton_embed.rerank_options import PairOptions, PairTruncation
 from triton_embed.reranking import MAX_DOCUMENTS
 from triton_embed.transport.catalog import RerankerInfo
 from triton_embed.transport.scoring import Scores, score_pairs
@@ -212,6 +212,22 @@ def pair_options(
         raise BadRequest(f"'{field}' {exc.reason}; got {quote(exc.value)}", param=field) from None
 
 
+def cut(payload: bytes, max_chars: int) -> bytes:
+    """``payload``'s first ``max_chars`` characters (UTF-8), as the pair tokenizer cuts them.
+
+    With truncation on, the pair tokenizer keeps that many characters of a query or document
+    before tokenizing and refuses a text of more than 4 bytes a kept character; cutting here
+    gives the same tokens and lets a document of any size (within ``--max-body-mb``) be
+    truncated, as TEI and Cohere truncate it.
+
+    >>> cut("naïve text".encode(), 3).decode()
+    'naï'
+    """
+    if len(payload) <= max_chars:  # no more characters than bytes
+        return payload
+    return payload.decode("utf-8")[:max_chars].encode("utf-8")
+
+
 def search_units(documents: int) -> int:
     """Cohere's billed search units of one query over ``documents`` documents (1 per 100)."""
     return max(1, math.ceil(documents / DOCUMENTS_PER_SEARCH_UNIT))
@@ -242,6 +258,9 @@ async def score(
             pairs are over the token budget.
     """
     state.model = model.name
+    if options.truncation is not PairTruncation.NONE and model.max_chars:
+        queries = [cut(q, model.max_chars) for q in queries]
+        documents = [cut(d, model.max_chars) for d in documents]
     budget = gateway.pair_budget(model, field)
     result = await score_pairs(gateway.pool, model, queries, documents, options, budget)
     state.inputs = len(documents)

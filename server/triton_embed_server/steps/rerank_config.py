@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from triton_embed.serving_limits import REQUEST_TEXTS, request_token_budget
+from triton_embed.serving_limits import PAIR_CHARS_PER_TOKEN, REQUEST_TEXTS, request_token_budget
 
 from triton_embed_server.models.reranker_spec import (
     SPEC_KEYS,
@@ -30,14 +30,6 @@ from triton_embed_server.steps.engine_config import (
     StepConfig,
     request_tokens,
 )
-
-#: Characters of a query or a document kept per token of the pair's budget. A quarter of the
-#: embedder's cap (``CHARS_PER_TOKEN_CAP``, 64): a pair is cut to ``max_length`` tokens
-#: anyway, English prose takes 4-5 characters per token, and two texts per pair at 64 would
-#: make the tokenizer's shared-memory region 16 MiB for a 512-token model (64 pairs x 2 x
-#: 4 bytes x 32,768 characters) where 16 keeps it at 4 MiB
-#: (:mod:`triton_embed_server.host.shm.sizing`).
-PAIR_CHARS_PER_TOKEN = 16
 
 
 def reranker_spec(p: Params, path: Path) -> RerankerSpec:

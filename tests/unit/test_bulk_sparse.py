@@ -137,11 +137,12 @@ def test_a_sparse_model_writes_a_sparse_column_equal_to_its_vectors(
     assert [e["rows"] for e in manifest["shards"]] == [3, 3, 1]
 
 
-def test_threshold_reaches_the_model_and_the_manifest(monkeypatch, tmp_path, corpus):
+@pytest.mark.parametrize("threshold", ["0.35", "0.1"])  # float32(0.1) > 0.1: kept, and fine
+def test_threshold_reaches_the_model_and_the_manifest(monkeypatch, tmp_path, corpus, threshold):
     out = tmp_path / "out"
-    assert embed(monkeypatch, BulkPool(), corpus, out, "--threshold", "0.35") == 0
-    assert_rows_are(out, threshold=0.35)
-    assert shards.read_manifest(out)["job"]["parameters"]["threshold"] == 0.35
+    assert embed(monkeypatch, BulkPool(), corpus, out, "--threshold", threshold) == 0
+    assert_rows_are(out, threshold=float(threshold))
+    assert shards.read_manifest(out)["job"]["parameters"]["threshold"] == float(threshold)
     assert verify(out).problems == []  # every weight is above the job's threshold
 
 

@@ -38,7 +38,7 @@ from triton_embed.bulk.settings import JobSettings, differences, job_id_of, job_
 from triton_embed.bulk.sources import Chunk, Source
 from triton_embed.errors import EmbedClientError, InvalidInputError
 from triton_embed.options import DEFAULT_EMBEDDING_TYPE
-from triton_embed.transport.catalog import ModelKind
+from triton_embed.transport.catalog import ModelInfo, ModelKind
 
 #: The lock file of an output folder (hidden: Parquet readers skip it).
 LOCK = ".triton-embed.lock"
@@ -290,7 +290,7 @@ class BulkJob:
         finally:
             bar.close()
 
-    def _settle_kind(self, info) -> None:
+    def _settle_kind(self, info: ModelInfo) -> None:
         """Record the model's kind in the manifest; refuse one other than the shards' kind.
 
         Raises:

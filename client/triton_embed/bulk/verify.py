@@ -209,14 +209,15 @@ def _sparse_problems(verdict: Verdict, name: str, column: Any, threshold: float)
     if entries is not None and any(entries.field(f).null_count for f in ("index", "value")):
         verdict.problems.append(f"{name}: null sparse indices or weights")
     indices, weights, offsets = vectors.indices, vectors.weights, vectors.offsets
-    # indices[j + 1] > indices[j] unless j + 1 starts a row
+    # indices[j + 1] > indices[j] unless j + 1 starts a row; weights compared in float64, as
+    # the threshold was given (a float32 weight just above it is not rounded down to it)
     rising = np.diff(indices.astype(np.int64)) > 0
     rising[offsets[1:-1][(offsets[1:-1] > 0) & (offsets[1:-1] < vectors.nnz)] - 1] = True
     bad = [
         ("indices not ascending", np.flatnonzero(~rising) + 1),
         ("negative indices", np.flatnonzero(indices < 0)),
         (f"weights not finite and > {threshold:g}",
-         np.flatnonzero(~(np.isfinite(weights) & (weights > threshold)))),
+         np.flatnonzero(~(np.isfinite(weights) & (weights.astype(np.float64) > threshold)))),
     ]  # fmt: skip
     for what, where in bad:
         if where.size:

@@ -102,8 +102,8 @@ class SparseVectors:
         return self.indices[start:stop], self.weights[start:stop]
 
 
-# The flags of one kind only, by option name: (flag, whether it is set).
 def _dense_flags(options: RequestOptions) -> list[str]:
+    """The flags of ``options`` that only an embedding model takes, those that are set."""
     embedding_type = options.embedding_type
     set_flags = [
         ("--dimensions", options.dimensions is not None),

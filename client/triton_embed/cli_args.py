@@ -221,6 +221,42 @@ def add_request_option_args(
     )
 
 
+def _parsed(parse):
+    """An argparse type of an option parser that raises ``OptionError`` (a ``ValueError``)."""
+
+    def convert(raw: str):
+        try:
+            return parse(raw)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = parse.__name__
+    return convert
+
+
+def add_sparse_option_args(p: argparse.ArgumentParser) -> None:
+    """A sparse model's own request options' flags (:mod:`triton_embed.sparse_options`).
+
+    ``--top-k`` (a whole number >= 1) and ``--threshold`` (a finite number >= 0); each
+    defaults to ``None`` (the server's: every non-zero weight). An embedding model refuses
+    them (:func:`triton_embed.bulk.kinds.request_options`).
+    """
+    from triton_embed.sparse_options import parse_threshold, parse_top_k
+
+    p.add_argument(
+        "--top-k",
+        type=_parsed(parse_top_k),
+        default=None,
+        help="a sparse model: keep each text's N largest weights (default: every weight)",
+    )
+    p.add_argument(
+        "--threshold",
+        type=_parsed(parse_threshold),
+        default=None,
+        help="a sparse model: keep the weights above this number (default 0: every non-zero one)",
+    )
+
+
 def add_connection_args(p: argparse.ArgumentParser, embedding_type: bool = False) -> None:
     """The server, model, deadline, request options and retries of a command that embeds.
 

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from triton_embed.cli_args import positive_int
+from triton_embed.cli_args import add_sparse_option_args, positive_int
 from triton_embed.errors import EmbedClientError, InvalidInputError
 from triton_embed.options import RequestOptions
 
@@ -30,12 +30,17 @@ def with_cli_flags(message: str) -> str:
     return message
 
 
-#: Records per shard by default (:data:`triton_embed.bulk.job.DEFAULT_SHARD_ROWS`).
+#: Records per shard by default (:data:`triton_embed.bulk.settings.DEFAULT_SHARD_ROWS`).
 DEFAULT_SHARD_ROWS = 10_000
 
 
 def add_bulk_args(p: argparse.ArgumentParser) -> None:
-    """The ``embed`` flags of the streaming output."""
+    """The ``embed`` flags of the streaming output.
+
+    A sparse model's ``--top-k`` and ``--threshold`` are among them: only an output folder
+    holds sparse vectors.
+    """
+    add_sparse_option_args(p)
     p.add_argument(
         "--shard-rows",
         type=positive_int,
@@ -101,13 +106,16 @@ def run_bulk(args: argparse.Namespace, options: RequestOptions, key: str | None,
             patient :data:`~triton_embed.bulk.pool_embedder.BULK_RETRY`).
     """
     from triton_embed.admin import read_admin_key
-    from triton_embed.bulk.job import BulkJob, JobSettings
+    from triton_embed.bulk.job import BulkJob
     from triton_embed.bulk.pool_embedder import BULK_RETRY
+    from triton_embed.bulk.settings import JobSettings
     from triton_embed.bulk.sources import InputError
+    from triton_embed.sparse_options import SparseOptions
 
     settings = JobSettings(
         model=args.model,
         options=options,
+        sparse=SparseOptions(top_k=args.top_k, threshold=args.threshold),
         shard_rows=args.shard_rows,
         include_text=args.include_text,
         concurrency=args.concurrency,
@@ -153,8 +161,9 @@ def run_bulk(args: argparse.Namespace, options: RequestOptions, key: str | None,
         )
         return summary
     retried = f"; {summary['retries']} requests sent again" if summary["retries"] else ""
+    vectors = "sparse" if summary["kind"] == "sparse" else f"dim {summary['dim']}"
     print(
-        f"embedded {summary['texts']} texts ({summary['tokens']} tokens, dim {summary['dim']}) "
+        f"embedded {summary['texts']} texts ({summary['tokens']} tokens, {vectors}) "
         f"in {summary['seconds']:.2f} s: {summary['texts_per_s']:.1f} texts/s, "
         f"{summary['tokens_per_s']:.0f} tokens/s; request latency p50 {summary['p50_ms']:.1f} ms,"
         f" p99 {summary['p99_ms']:.1f} ms{retried} -> {args.output} ({summary['rows']} rows in "
@@ -165,7 +174,7 @@ def run_bulk(args: argparse.Namespace, options: RequestOptions, key: str | None,
 
 def run_verify(args: argparse.Namespace) -> dict:
     """``verify``: prints the verdict; raises with every problem when there is one."""
-    from triton_embed.bulk.shards import verify
+    from triton_embed.bulk.verify import verify
 
     source = _source(args) if args.input is not None else None
     verdict = verify(args.output, source)
@@ -174,15 +183,20 @@ def run_verify(args: argparse.Namespace) -> dict:
         "rows": verdict.rows,
         "shards": verdict.shards,
         "embedding_width": verdict.dim,
+        "column": verdict.column,
+        "sparse_weights": verdict.weights,
         "problems": verdict.problems,
     }
     if args.json:
         print(json.dumps(result, indent=2))
     elif verdict.ok:
         against = f", ids exactly those of {args.input}" if source is not None else ""
+        vectors = f"{verdict.dim} values per embedding"
+        if verdict.column == "sparse":
+            mean = verdict.weights / max(verdict.rows, 1)
+            vectors = f"sparse vectors of {mean:.1f} weights on average"
         print(
-            f"{args.output}: OK, {verdict.rows} rows in {verdict.shards} shards, "
-            f"{verdict.dim} values per embedding{against}"
+            f"{args.output}: OK, {verdict.rows} rows in {verdict.shards} shards, {vectors}{against}"
         )
     if not verdict.ok:
         raise EmbedClientError(

@@ -180,7 +180,9 @@ def run_embed(args: argparse.Namespace) -> dict:
             )
         return run_bulk(args, options, _key_from_file(args), _retry_policy(args))
     for flag, given in (("--include-text", args.include_text), ("--overwrite", args.overwrite),
-                        ("--format parquet", args.format == "parquet")):  # fmt: skip
+                        ("--format parquet", args.format == "parquet"),
+                        ("--top-k", args.top_k is not None),
+                        ("--threshold", args.threshold is not None)):  # fmt: skip
         if given:
             raise EmbedClientError(f"{flag} needs an output folder (-o DIR), not a .npy file")
     if "," in args.url:

@@ -19,9 +19,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from triton_embed.bulk import shards
-from triton_embed.bulk.job import LOCK, BulkJob, JobSettings
+from triton_embed.bulk.job import LOCK, BulkJob
 from triton_embed.bulk.pool_embedder import Batch
+from triton_embed.bulk.settings import JobSettings
 from triton_embed.bulk.sources import InputChangedError, Source
+from triton_embed.bulk.verify import verify
 from triton_embed.errors import EmbedClientError
 
 OUTSIDE_TEXT = "a file outside the output folder\n"
@@ -106,7 +108,7 @@ def test_manifest_temporary_planted_link_is_not_followed(tmp_path):
     assert not tmp.is_symlink() and not tmp.exists()
     manifest = out / shards.MANIFEST
     assert not manifest.is_symlink() and shards.read_manifest(out)["complete"] is True
-    assert shards.verify(out, Source(tmp_path / "input.txt")).problems == []
+    assert verify(out, Source(tmp_path / "input.txt")).problems == []
 
 
 def test_every_temporary_planted_mid_run_is_not_followed(tmp_path):
@@ -127,7 +129,7 @@ def test_every_temporary_planted_mid_run_is_not_followed(tmp_path):
     assert_untouched(target, stat)
     assert [p.name for p in out.iterdir() if p.is_symlink()] == []
     assert shards.read_manifest(out)["rows"] == 8
-    assert shards.verify(out, Source(tmp_path / "input.txt")).problems == []
+    assert verify(out, Source(tmp_path / "input.txt")).problems == []
 
 
 def test_shard_file_that_is_a_link_is_replaced_not_written_through(tmp_path):
@@ -230,7 +232,7 @@ def test_input_grown_mid_run_fails_and_the_output_is_not_complete(tmp_path):
     run(again, FakeEmbedder(), size=100)
     manifest = shards.read_manifest(out)
     assert (manifest["complete"], manifest["rows"]) == (True, 3500)
-    assert shards.verify(out, Source(path)).problems == []
+    assert verify(out, Source(path)).problems == []
 
 
 def truncate_to_2500_lines(path: Path) -> None:
@@ -287,7 +289,7 @@ def test_unchanged_input_still_resumes(tmp_path):
     assert again.resumed_rows == done
     run(again, FakeEmbedder(), size=100)
     assert shards.read_manifest(out)["complete"] is True
-    assert shards.verify(out, Source(path)).problems == []
+    assert verify(out, Source(path)).problems == []
 
 
 def parquet_input(folder: Path, n: int) -> Path:
@@ -330,10 +332,10 @@ def test_parquet_and_jsonl_unchanged_inputs_run_through(tmp_path):
     out = tmp_path / "out"
     run(BulkJob(Source(path), out, [], JobSettings(shard_rows=100), progress=False),
         FakeEmbedder(), size=30)  # fmt: skip
-    assert shards.verify(out, Source(path)).problems == []
+    assert verify(out, Source(path)).problems == []
     jsonl = tmp_path / "input.jsonl"
     jsonl.write_text("".join(f'{{"id": "d{i}", "text": "line {i}"}}\n' for i in range(250)))
     out2 = tmp_path / "out2"
     run(BulkJob(Source(jsonl), out2, [], JobSettings(shard_rows=100), progress=False),
         FakeEmbedder(), size=30)  # fmt: skip
-    assert shards.verify(out2, Source(jsonl)).problems == []
+    assert verify(out2, Source(jsonl)).problems == []

@@ -12,16 +12,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from triton_embed.bulk import shards
-from triton_embed.bulk.job import (
-    BulkJob,
-    JobMismatchError,
-    JobSettings,
-    _differences,
-    _job_id,
-    job_identity,
-)
+from triton_embed.bulk.job import BulkJob, JobMismatchError
 from triton_embed.bulk.pool_embedder import Batch
+from triton_embed.bulk.settings import JobSettings, differences, job_id_of, job_identity
 from triton_embed.bulk.sources import Source
+from triton_embed.bulk.verify import Verdict, verify
 from triton_embed.errors import EmbedClientError
 from triton_embed.options import RequestOptions
 
@@ -232,7 +227,7 @@ def good_output(tmp_path: Path, source: Source | None = None) -> tuple[Path, dic
     out = tmp_path / "out"
     out.mkdir()
     identity = job_identity(source, SETTINGS)
-    job_id = _job_id(identity)
+    job_id = job_id_of(identity)
     entries = [
         shards.write_shard(out, 0, shard_table([0, 1, 2]), 0, job_id),
         shards.write_shard(out, 1, shard_table([3, 4, 5]), 3, job_id),
@@ -254,7 +249,7 @@ def good_output(tmp_path: Path, source: Source | None = None) -> tuple[Path, dic
     return out, manifest
 
 
-def only_problem(verdict: shards.Verdict, *parts: str) -> str:
+def only_problem(verdict: Verdict, *parts: str) -> str:
     """The one problem of ``verdict`` that holds every part."""
     matching = [p for p in verdict.problems if all(part in p for part in parts)]
     assert len(matching) == 1, verdict.problems
@@ -264,11 +259,11 @@ def only_problem(verdict: shards.Verdict, *parts: str) -> str:
 def test_verify_good_output(tmp_path):
     source = text_source(tmp_path)
     out, _ = good_output(tmp_path, source)
-    verdict = shards.verify(out)
+    verdict = verify(out)
     assert verdict.problems == []
     assert verdict.ok
     assert (verdict.rows, verdict.shards, verdict.dim) == (6, 2, DIM)
-    with_input = shards.verify(out, source)
+    with_input = verify(out, source)
     assert with_input.problems == []
 
 
@@ -283,7 +278,7 @@ def test_verify_shard_bytes_changed(tmp_path):
     vectors = vectors_for([3, 4, 5]) + 1  # same ids and columns, other embeddings
     changed = shards.table(schema, [3, 4, 5], np.array([5, 6, 7]), vectors)
     pq.write_table(changed, out / "part-00001.parquet")
-    verdict = shards.verify(out)
+    verdict = verify(out)
     assert verdict.problems == ["part-00001.parquet: SHA-256 differs from the manifest's (changed)"]
 
 
@@ -293,7 +288,7 @@ def test_verify_shard_one_byte_flipped(tmp_path):
     data = bytearray(path.read_bytes())
     data[4] ^= 0x01  # right after the "PAR1" magic: the first page header
     path.write_bytes(bytes(data))
-    verdict = shards.verify(out)
+    verdict = verify(out)
     assert not verdict.ok
     only_problem(verdict, "part-00000.parquet: SHA-256 differs")
 
@@ -301,7 +296,7 @@ def test_verify_shard_one_byte_flipped(tmp_path):
 def test_verify_shard_deleted(tmp_path):
     out, _ = good_output(tmp_path)
     (out / "part-00000.parquet").unlink()
-    verdict = shards.verify(out)
+    verdict = verify(out)
     only_problem(verdict, "part-00000.parquet: listed in the manifest but missing")
     only_problem(verdict, "the shards hold 3 rows, the manifest says 6")
     assert verdict.shards == 1
@@ -342,7 +337,7 @@ def test_verify_one_problem(tmp_path, edit, parts):
     """``edit(out, manifest)`` breaks the good output and gives the manifest written."""
     out, manifest = good_output(tmp_path)
     shards.write_manifest(out, edit(out, manifest))
-    verdict = shards.verify(out)
+    verdict = verify(out)
     assert len(verdict.problems) == 1
     only_problem(verdict, *parts)
     assert verdict.dim == DIM
@@ -352,20 +347,20 @@ def test_verify_duplicate_ids_across_shards(tmp_path):
     out, manifest = good_output(tmp_path)
     entry = shards.write_shard(out, 1, shard_table([2, 3, 4]), 3, manifest["job_id"])
     shards.write_manifest(out, dict(manifest, shards=[manifest["shards"][0], entry]))
-    verdict = shards.verify(out)
+    verdict = verify(out)
     assert verdict.problems == ["1 duplicate ids, e.g. [2]"]
 
 
 def test_verify_rows_mismatch_in_the_manifest(tmp_path):
     out, manifest = good_output(tmp_path)
     shards.write_manifest(out, dict(manifest, rows=7))
-    assert shards.verify(out).problems == ["the shards hold 6 rows, the manifest says 7"]
+    assert verify(out).problems == ["the shards hold 6 rows, the manifest says 7"]
 
 
 def test_verify_wrong_dimension_in_the_manifest(tmp_path):
     out, manifest = good_output(tmp_path)
     shards.write_manifest(out, dict(manifest, dimension=8))
-    assert shards.verify(out).problems == ["embeddings have 4 values, the manifest 8"]
+    assert verify(out).problems == ["embeddings have 4 values, the manifest 8"]
 
 
 def test_verify_ubinary_dimension_is_in_bits(tmp_path):
@@ -377,17 +372,17 @@ def test_verify_ubinary_dimension_is_in_bits(tmp_path):
     manifest = {"format": shards.FORMAT, "embedding_type": "ubinary", "dimension": 12,
                 "shards": [entry], "rows": 2, "complete": True}  # fmt: skip
     shards.write_manifest(out, manifest)
-    verdict = shards.verify(out)
+    verdict = verify(out)
     assert verdict.problems == []
     assert verdict.dim == 2
     shards.write_manifest(out, dict(manifest, dimension=17))
-    assert shards.verify(out).problems == ["embeddings have 2 values, the manifest 3"]
+    assert verify(out).problems == ["embeddings have 2 values, the manifest 3"]
 
 
 def test_verify_empty_folder_and_not_a_folder(tmp_path):
-    assert shards.verify(tmp_path).problems == [f"{tmp_path}: no shards"]
+    assert verify(tmp_path).problems == [f"{tmp_path}: no shards"]
     with pytest.raises(ValueError, match="no such folder"):
-        shards.verify(tmp_path / "absent")
+        verify(tmp_path / "absent")
 
 
 def ray_output(tmp_path: Path, ids_per_file: list[list]) -> Path:
@@ -402,25 +397,25 @@ def ray_output(tmp_path: Path, ids_per_file: list[list]) -> Path:
 
 def test_verify_without_manifest_unique_ids(tmp_path):
     out = ray_output(tmp_path, [[0, 1, 2], [3, 4], [5]])
-    verdict = shards.verify(out)
+    verdict = verify(out)
     assert verdict.problems == []
     assert (verdict.rows, verdict.shards, verdict.dim) == (6, 3, DIM)
-    assert shards.verify(out, text_source(tmp_path, 6)).problems == []
+    assert verify(out, text_source(tmp_path, 6)).problems == []
 
 
 def test_verify_without_manifest_ids_out_of_order_are_fine(tmp_path):
     out = ray_output(tmp_path, [[5, 3, 1], [0, 2, 4]])
-    assert shards.verify(out, text_source(tmp_path, 6)).problems == []
+    assert verify(out, text_source(tmp_path, 6)).problems == []
 
 
 def test_verify_without_manifest_duplicate_ids(tmp_path):
     out = ray_output(tmp_path, [[0, 1, 2], [2, 1]])
-    assert shards.verify(out).problems == ["2 duplicate ids, e.g. [1, 2]"]
+    assert verify(out).problems == ["2 duplicate ids, e.g. [1, 2]"]
 
 
 def test_verify_without_manifest_input_ids_missing(tmp_path):
     out = ray_output(tmp_path, [[0, 1, 2], [3, 4]])
-    verdict = shards.verify(out, text_source(tmp_path, 8))
+    verdict = verify(out, text_source(tmp_path, 8))
     assert sorted(verdict.problems) == sorted(
         ["5 rows for 8 input records", "3 input ids missing, e.g. [5, 6, 7]"]
     )
@@ -428,7 +423,7 @@ def test_verify_without_manifest_input_ids_missing(tmp_path):
 
 def test_verify_without_manifest_ids_not_in_the_input(tmp_path):
     out = ray_output(tmp_path, [[0, 1, 2], [3, 4, 5], [40, 41]])
-    verdict = shards.verify(out, text_source(tmp_path, 6))
+    verdict = verify(out, text_source(tmp_path, 6))
     assert sorted(verdict.problems) == sorted(
         ["8 rows for 6 input records", "2 ids not in the input, e.g. [40, 41]"]
     )
@@ -437,20 +432,20 @@ def test_verify_without_manifest_ids_not_in_the_input(tmp_path):
 def test_verify_without_manifest_ignores_hidden_temporaries(tmp_path):
     out = ray_output(tmp_path, [[0, 1, 2]])
     (out / ".part-00001.parquet").write_bytes(b"partial")
-    assert shards.verify(out).problems == []
+    assert verify(out).problems == []
 
 
 def test_verify_without_manifest_unreadable_file(tmp_path):
     out = ray_output(tmp_path, [[0, 1, 2]])
     (out / "broken.parquet").write_bytes(b"PAR1 not really")
-    verdict = shards.verify(out)
+    verdict = verify(out)
     only_problem(verdict, "broken.parquet: not a readable Parquet file")
 
 
 def test_verify_with_manifest_and_source_ids_in_input_order(tmp_path):
     source = text_source(tmp_path)
     out, _ = good_output(tmp_path, source)
-    assert shards.verify(out, source).problems == []
+    assert verify(out, source).problems == []
 
 
 def test_verify_with_manifest_ids_out_of_input_order(tmp_path):
@@ -458,7 +453,7 @@ def test_verify_with_manifest_ids_out_of_input_order(tmp_path):
     out, manifest = good_output(tmp_path, source)
     entry = shards.write_shard(out, 1, shard_table([3, 5, 4]), 3, manifest["job_id"])
     shards.write_manifest(out, dict(manifest, shards=[manifest["shards"][0], entry]))
-    verdict = shards.verify(out, source)
+    verdict = verify(out, source)
     assert verdict.problems == [
         "ids are not the input's in input order (first difference at row 4: 5 vs 4)"
     ]
@@ -467,7 +462,7 @@ def test_verify_with_manifest_ids_out_of_input_order(tmp_path):
 def test_verify_with_manifest_and_fewer_rows_than_input(tmp_path):
     source = text_source(tmp_path, 7)
     out, _ = good_output(tmp_path, source)
-    verdict = shards.verify(out, source)
+    verdict = verify(out, source)
     assert verdict.problems == [
         "6 rows for 7 input records",
         "ids are not the input's in input order",
@@ -478,7 +473,7 @@ def test_verify_with_manifest_and_a_changed_source(tmp_path):
     source = text_source(tmp_path)
     out, _ = good_output(tmp_path, source)
     source.path.write_text("".join(f"line {i}!\n" for i in range(6)))  # same ids, other texts
-    verdict = shards.verify(out, Source(source.path))
+    verdict = verify(out, Source(source.path))
     assert len(verdict.problems) == 1
     only_problem(verdict, str(source.path), "fingerprint differs")
 
@@ -487,8 +482,8 @@ def test_verify_with_manifest_and_source_read_otherwise(tmp_path):
     path = tmp_path / "input.jsonl"
     path.write_text("".join(json.dumps({"id": i, "text": f"t{i}"}) + "\n" for i in range(6)))
     out, _ = good_output(tmp_path, Source(path))
-    assert shards.verify(out, Source(path)).problems == []
-    verdict = shards.verify(out, Source(path, fmt="text"))
+    assert verify(out, Source(path)).problems == []
+    verdict = verify(out, Source(path, fmt="text"))
     only_problem(verdict, "fingerprint differs")
 
 
@@ -515,22 +510,22 @@ def test_job_identity_fields(tmp_path):
 def test_job_id_ignores_the_input_path(tmp_path):
     a = text_source(tmp_path, name="a.txt")
     b = text_source(tmp_path, name="b.txt")
-    assert _job_id(job_identity(a, SETTINGS)) == _job_id(job_identity(b, SETTINGS))
+    assert job_id_of(job_identity(a, SETTINGS)) == job_id_of(job_identity(b, SETTINGS))
     other = JobSettings(model="other", shard_rows=3)
-    assert _job_id(job_identity(a, SETTINGS)) != _job_id(job_identity(a, other))
-    assert len(_job_id(job_identity(a, SETTINGS))) == 16
+    assert job_id_of(job_identity(a, SETTINGS)) != job_id_of(job_identity(a, other))
+    assert len(job_id_of(job_identity(a, SETTINGS))) == 16
 
 
 def test_differences_name_each_change(tmp_path):
     source = text_source(tmp_path)
     old = job_identity(source, SETTINGS)
-    assert _differences(old, old) == []
+    assert differences(old, old) == []
     new = job_identity(
         source,
         JobSettings(model="big", options=RequestOptions(dimensions=8), shard_rows=5,
                     include_text=True),
     )  # fmt: skip
-    assert _differences(old, new) == [
+    assert differences(old, new) == [
         "--model: 'embed' then, 'big' now",
         "--shard-rows: 3 then, 5 now",
         "--include-text: False then, True now",
@@ -538,8 +533,8 @@ def test_differences_name_each_change(tmp_path):
     ]
     moved = json.loads(json.dumps(old))
     moved["input"]["path"] = "/elsewhere/input.txt"
-    assert _differences(moved, old) == []
-    assert _differences({}, old)[0] == "the input changed (its SHA-256 or how it is read)"
+    assert differences(moved, old) == []
+    assert differences({}, old)[0] == "the input changed (its SHA-256 or how it is read)"
 
 
 # --- BulkJob's output folder ------------------------------------------------------------------
@@ -799,7 +794,7 @@ def test_pipeline_writes_a_verified_output(tmp_path):
     assert [e["rows"] for e in manifest["shards"]] == [3, 3, 2]
     assert [e["first_record"] for e in manifest["shards"]] == [0, 3, 6]
     assert (manifest["rows"], manifest["tokens"], manifest["dimension"]) == (8, 24, 4)
-    assert shards.verify(out, source).problems == []
+    assert verify(out, source).problems == []
     assert embedder.texts == [f"line {i}" for i in range(8)]
     np.testing.assert_array_equal(read_embeddings(out / "part-00002.parquet")[:, 0], [6, 7])
 
@@ -820,7 +815,7 @@ def test_pipeline_resumes_after_a_crash_embedding_each_record_once(tmp_path):
     embedder = FakeEmbedder()
     run_pipeline(again, embedder, size=2)
     assert embedder.texts == [f"line {i}" for i in range(3, 8)]
-    assert shards.verify(out, source).problems == []
+    assert verify(out, source).problems == []
     ids = pq.read_table(out).column("id").to_pylist()
     assert sorted(ids) == list(range(8))
 

@@ -5,21 +5,22 @@ requests of the ensemble's ``max_batch_size`` (or ``batch_size``), sent with at 
 ``concurrency`` in flight over one or several servers (:class:`.pool_embedder.PoolEmbedder`), and
 the answers are written in input order as shards of ``shard_rows`` rows (:mod:`.shards`).
 What is held at once is one shard's rows plus the requests in flight, whatever the corpus
-size.
+size. The vector column follows the model's kind (:mod:`.kinds`): ``embedding`` for an
+embedding model, ``sparse`` for a sparse one; the manifest records it (``kind``) once the
+model is known, and a rerun against a model of the other kind is refused.
 
 Resuming: the manifest records the job (:func:`job_identity`: the input's fingerprint, the
-model, the request options, the shard size, the columns) and each finished shard. Running the
-same command again continues with the first shard not in the manifest (adopting a shard file
-that was renamed into place just before a crash), so every record is embedded once. An output
-folder made by another job (other input, model or options) is refused, unless ``overwrite``.
+model, the request options of both kinds, the shard size, the columns) and each finished
+shard. Running the same command again continues with the first shard not in the manifest
+(adopting a shard file that was renamed into place just before a crash), so every record is
+embedded once. An output folder made by another job (other input, model or options) is
+refused, unless ``overwrite``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
-import hashlib
-import json
 import sys
 import time
 from collections import deque
@@ -31,16 +32,16 @@ import numpy as np
 from tqdm import tqdm
 
 from triton_embed.bulk import shards
-from triton_embed.bulk.pool_embedder import BULK_RETRY, Batch, PoolEmbedder
+from triton_embed.bulk.kinds import COLUMNS
+from triton_embed.bulk.pool_embedder import Batch, PoolEmbedder
+from triton_embed.bulk.settings import JobSettings, differences, job_id_of, job_identity
 from triton_embed.bulk.sources import Chunk, Source
 from triton_embed.errors import EmbedClientError, InvalidInputError
-from triton_embed.options import DEFAULT_EMBEDDING_TYPE, RequestOptions
-from triton_embed.retry import RetryPolicy
+from triton_embed.options import DEFAULT_EMBEDDING_TYPE
+from triton_embed.transport.catalog import ModelInfo, ModelKind
 
 #: The lock file of an output folder (hidden: Parquet readers skip it).
 LOCK = ".triton-embed.lock"
-#: Records per shard by default: 10,000 x 1,024 float32 is 40 MB held before a write.
-DEFAULT_SHARD_ROWS = 10_000
 #: Each answered request is kept until the ones before it are answered: at most this many
 #: times ``concurrency`` requests are outstanding (sent or waiting for their turn).
 WINDOW_FACTOR = 2
@@ -48,70 +49,6 @@ WINDOW_FACTOR = 2
 
 class JobMismatchError(EmbedClientError):
     """The output folder holds another job's output (other input, model or options)."""
-
-
-@dataclass(frozen=True)
-class JobSettings:
-    """How a bulk job embeds and writes.
-
-    Attributes:
-        model: the ensemble's name.
-        options: request options (a corpus is embedded with ``input_type=document`` by the CLI).
-        shard_rows: records per shard (>= 1).
-        include_text: also write each record's text.
-        concurrency: requests in flight (>= 1).
-        batch_size: texts per request; ``None``: the ensemble's ``max_batch_size``.
-        timeout_s: deadline of one request, seconds.
-        admin_key: the servers' admin key (the pool reads their model configs), or ``None``.
-        retry: how a request that failed for a passing reason is sent again.
-    """
-
-    model: str = "embed"
-    options: RequestOptions = field(default_factory=RequestOptions)
-    shard_rows: int = DEFAULT_SHARD_ROWS
-    include_text: bool = False
-    concurrency: int = 4
-    batch_size: int | None = None
-    timeout_s: float = 120.0
-    admin_key: str | None = None
-    retry: RetryPolicy = BULK_RETRY
-
-
-def job_identity(source: Source, settings: JobSettings) -> dict:
-    """What must not change between a run and its resumption (recorded in the manifest)."""
-    params = settings.options.to_parameters()
-    if params.get("embedding_type") == DEFAULT_EMBEDDING_TYPE.value:
-        del params["embedding_type"]  # the default, whether given or not
-    return {
-        "model": settings.model,
-        "parameters": {k: params[k] for k in sorted(params)},
-        "shard_rows": settings.shard_rows,
-        "include_text": settings.include_text,
-        "input": {**source.describe(), "fingerprint": source.fingerprint()},
-    }
-
-
-def _job_id(identity: dict) -> str:
-    described = dict(identity, input=dict(identity["input"], path=None))  # a moved file is fine
-    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _differences(old: dict, new: dict) -> list[str]:
-    what = []
-    if old.get("input", {}).get("fingerprint") != new["input"]["fingerprint"]:
-        what.append("the input changed (its SHA-256 or how it is read)")
-    names = {"model": "--model", "shard_rows": "--shard-rows", "include_text": "--include-text"}
-    for key, name in names.items():
-        if old.get(key) != new[key]:
-            what.append(f"{name}: {old.get(key)!r} then, {new[key]!r} now")
-    before, now = old.get("parameters") or {}, new["parameters"]
-    for key in sorted(set(before) | set(now)):
-        if before.get(key) != now.get(key):
-            flag = "--" + key.replace("_", "-")
-            what.append(
-                f"{flag}: {before.get(key, 'not set')!r} then, {now.get(key, 'not set')!r} now"
-            )
-    return what
 
 
 @dataclass
@@ -159,7 +96,7 @@ class BulkJob:
         if not self.total:
             raise EmbedClientError(f"{source.path} holds no texts")
         self.identity = job_identity(source, settings)
-        self.job_id = _job_id(self.identity)
+        self.job_id = job_id_of(self.identity)
         self.manifest = self._open(overwrite)
         self.resumed_rows_at_start = self.manifest["rows"]
         self.model_dimension: int | None = settings.options.dimensions
@@ -237,14 +174,14 @@ class BulkJob:
                 "another -o folder or pass --overwrite"
             )
         if manifest is not None and not overwrite:
-            differences = _differences(manifest.get("job", {}), self.identity)
+            changed = differences(manifest.get("job", {}), self.identity)
             nothing_written = not manifest["shards"] and not manifest["complete"] and not ours
-            if differences and not nothing_written:
+            if changed and not nothing_written:
                 raise JobMismatchError(
-                    f"{out} holds the output of another job: {'; '.join(differences)}. Name "
+                    f"{out} holds the output of another job: {'; '.join(changed)}. Name "
                     "another -o folder, or pass --overwrite to replace it"
                 )
-            if differences:  # a run that stopped before its first shard: nothing to keep
+            if changed:  # a run that stopped before its first shard: nothing to keep
                 manifest = None
         if overwrite and (manifest is not None or ours):
             for path in ours:
@@ -257,6 +194,7 @@ class BulkJob:
                 "job": self.identity,
                 "job_id": self.job_id,
                 "model": self.settings.model,
+                "kind": None,  # the model's, once the servers say (_settle_kind)
                 "embedding_type": (
                     self.settings.options.embedding_type or DEFAULT_EMBEDDING_TYPE
                 ).value,  # fmt: skip
@@ -340,15 +278,42 @@ class BulkJob:
                 self.urls,
                 settings.model,
                 settings.options,
+                sparse=settings.sparse,
                 timeout_s=settings.timeout_s,
                 admin_key=settings.admin_key,
                 retry=settings.retry,
             ) as embedder:
+                self._settle_kind(embedder.info)
                 self.model_dimension = self.model_dimension or embedder.info.dimension
                 size = min(settings.batch_size or embedder.max_batch_size, embedder.max_batch_size)
                 await self._pipeline(embedder, size, advance)
         finally:
             bar.close()
+
+    def _settle_kind(self, info: ModelInfo) -> None:
+        """Record the model's kind in the manifest; refuse one other than the shards' kind.
+
+        Raises:
+            JobMismatchError: shards of the other kind are written (an output folder holds
+                one vector column).
+        """
+        manifest, kind = self.manifest, info.kind
+        written = manifest.get("kind") or ModelKind.EMBEDDING.value  # older manifests: dense
+        if manifest["shards"] and written != kind.value:
+            raise JobMismatchError(
+                f"{self.out_dir} holds {len(manifest['shards'])} shards of {written} vectors "
+                f"and model {self.settings.model!r} is now of kind {kind.value} (it writes a "
+                f"{COLUMNS[kind]!r} column). Name another -o folder, or pass --overwrite to "
+                "replace them"
+            )
+        if manifest.get("kind") != kind.value:
+            manifest["kind"] = kind.value
+            if not manifest["shards"]:  # sparse: no embedding type, the vocabulary if stated
+                sparse = kind is ModelKind.SPARSE
+                embedding_type = self.settings.options.embedding_type or DEFAULT_EMBEDDING_TYPE
+                manifest["embedding_type"] = None if sparse else embedding_type.value
+                manifest["dimension"] = info.dimension if sparse else None
+            shards.write_manifest(self.out_dir, manifest)
 
     def _requests(self, size: int):
         """``(shard index, chunk)`` of every request left, cut at shard boundaries."""
@@ -414,16 +379,17 @@ class BulkJob:
     async def _write(self, index: int, held: list[tuple[Chunk, Batch]]) -> None:
         """Write shard ``index`` from its requests' answers and record it in the manifest."""
         vectors = [b.vectors for _, b in held]  # the column's chunks: no copy into one array
-        manifest = self.manifest
-        if manifest["dimension"] is None:
-            width = vectors[0].shape[1]
-            manifest["dimension"] = self.model_dimension or (
-                width * 8 if manifest["embedding_type"] == "ubinary" else width
-            )
-        shard_schema = shards.schema(
-            self.source.id_type, manifest["embedding_type"], manifest["dimension"],
-            self.settings.include_text,
-        )  # fmt: skip
+        manifest, include_text = self.manifest, self.settings.include_text
+        if manifest.get("kind") == ModelKind.SPARSE.value:
+            shard_schema = shards.sparse_schema(self.source.id_type, include_text)
+        else:
+            if manifest["dimension"] is None:
+                width = vectors[0].shape[1]
+                manifest["dimension"] = self.model_dimension or (
+                    width * 8 if manifest["embedding_type"] == "ubinary" else width
+                )
+            shard_schema = shards.schema(self.source.id_type, manifest["embedding_type"],
+                                         manifest["dimension"], include_text)  # fmt: skip
         texts = [t for c, _ in held for t in c.texts] if self.settings.include_text else None
         table = shards.table(
             shard_schema,
@@ -471,6 +437,7 @@ class BulkJob:
             "p99_ms": round(float(np.percentile(lat, 99)), 2),
             "retries": self.counts.retries,
             "dim": manifest["dimension"],
+            "kind": manifest.get("kind") or ModelKind.EMBEDDING.value,
             "shards": len(manifest["shards"]),
             "rows": manifest["rows"],
             "resumed_from_row": self.resumed_rows_at_start,

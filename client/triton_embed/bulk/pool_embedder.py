@@ -11,6 +11,11 @@ queue full, a deadline) is sent again after a jittered exponential wait
 so a bulk job rides out a server restart. Refused input (``INVALID_ARGUMENT``) is never sent
 again.
 
+The model is an embedding ensemble (dense vectors) or a sparse one (SPLADE: per text its
+vocabulary indices and weights, :class:`~triton_embed.bulk.kinds.SparseVectors`); which one
+is read from its config when the pool starts, and the request options are checked against
+it then (:func:`~triton_embed.bulk.kinds.request_options`).
+
 :class:`BlockingEmbedder` is the same for synchronous callers (Ray Data actors): the pool
 runs on an event loop in a thread of its own.
 """
@@ -26,18 +31,21 @@ from dataclasses import dataclass
 import numpy as np
 
 from triton_embed.admin import is_refused
+from triton_embed.bulk.kinds import SparseVectors, request_options
 from triton_embed.codec import decode_embeddings
 from triton_embed.errors import (
     AccessDeniedError,
+    EmbedClientError,
     InvalidInputError,
     ServerUnavailableError,
     from_transport,
 )
 from triton_embed.options import DEFAULT_EMBEDDING_TYPE, RequestOptions
 from triton_embed.retry import RetryPolicy, is_pool_retryable
+from triton_embed.sparse_options import SparseOptions
 from triton_embed.transport import inference
 from triton_embed.transport.addresses import parse_upstreams
-from triton_embed.transport.catalog import ModelInfo, ModelKind
+from triton_embed.transport.catalog import ModelInfo
 from triton_embed.transport.failures import TransportError
 from triton_embed.transport.upstreams import UpstreamPool
 
@@ -72,13 +80,14 @@ class Batch:
     """One batch's answer, in the batch's order.
 
     Attributes:
-        vectors: ``[n, width]`` (float32, float16, or uint8 packed bits for ubinary).
+        vectors: ``[n, width]`` (float32, float16, or uint8 packed bits for ubinary); of a
+            sparse model, :class:`~triton_embed.bulk.kinds.SparseVectors` of ``n`` rows.
         num_tokens: int32 ``[n]``.
         seconds: from the first send to the answer (retries and waits included).
         retries: sends after the first.
     """
 
-    vectors: np.ndarray
+    vectors: np.ndarray | SparseVectors
     num_tokens: np.ndarray
     seconds: float
     retries: int
@@ -91,6 +100,8 @@ class PoolEmbedder:
         urls: gRPC ``host:port`` endpoints (host names are resolved to all their addresses).
         model: the ensemble's name (or its ``served_model_name``).
         options: request options (``input_type``, ``dimensions``, ``embedding_type``, ...).
+        sparse: a sparse model's ``top_k`` and ``threshold`` (``None``: the server's);
+            refused with an embedding model.
         timeout_s: deadline of one call, seconds.
         admin_key: the servers' admin key (the pool reads the repository index and configs,
             restricted APIs), or ``None``.
@@ -105,6 +116,7 @@ class PoolEmbedder:
         model: str,
         options: RequestOptions,
         *,
+        sparse: SparseOptions | None = None,
         timeout_s: float = 120.0,
         admin_key: str | None = None,
         retry: RetryPolicy = BULK_RETRY,
@@ -112,6 +124,8 @@ class PoolEmbedder:
         self.urls = parse_urls(urls)
         self.model = model
         self.options = options
+        self.sparse = sparse or SparseOptions()
+        self.request_options: RequestOptions | SparseOptions = options
         self.embedding_type = options.embedding_type or DEFAULT_EMBEDDING_TYPE
         self.timeout_s = timeout_s
         self.admin_key = admin_key
@@ -137,6 +151,8 @@ class PoolEmbedder:
         Raises:
             ServerUnavailableError: no server had the model READY within ``ready_wait_s``
                 (says what each server answered).
+            InvalidInputError: the model is no embedding or sparse model, or an option of
+                the other kind is set (names the flag).
         """
         try:
             targets = parse_upstreams(self.urls)
@@ -167,12 +183,12 @@ class PoolEmbedder:
                 )
             await asyncio.sleep(0.5)
             await self._pool.refresh()
-        if not isinstance(info, ModelInfo) or info.kind is not ModelKind.EMBEDDING:
+        try:
+            self.request_options = request_options(info.kind, self.model, self.options,
+                                                   self.sparse)  # fmt: skip
+        except InvalidInputError:
             await self.stop()
-            raise InvalidInputError(
-                f"model {self.model!r} is a {info.kind.value}; the bulk job embeds with an "
-                "embedding model: pass --model the name of one"
-            )
+            raise
         self.info = info
 
     async def stop(self) -> None:
@@ -207,7 +223,7 @@ class PoolEmbedder:
 
         async def attempt() -> inference.Embeddings:
             info = self._pool.catalog.resolve(self.model) or self.info
-            return await inference.embed_texts(self._pool, info, payloads, self.options)
+            return await inference.embed_texts(self._pool, info, payloads, self.request_options)
 
         try:
             answer = await self.retry.call_async(attempt, on_retry=count_retry)
@@ -217,7 +233,13 @@ class PoolEmbedder:
                     f"{exc.message} (still failing after {self.retry.retries} retries)"
                 ) from None
             raise from_transport(exc) from None
-        vectors = decode_embeddings(answer.elements, embedding_type=self.embedding_type)
+        if isinstance(self.request_options, SparseOptions):
+            try:
+                vectors = SparseVectors.from_rows(answer.sparse())
+            except ValueError as exc:
+                raise EmbedClientError(f"model {self.model!r} answered {exc}") from None
+        else:
+            vectors = decode_embeddings(answer.elements, embedding_type=self.embedding_type)
         return Batch(vectors, answer.num_tokens, time.perf_counter() - t0, retries)
 
 
@@ -244,6 +266,11 @@ class BlockingEmbedder:
         """Texts per request the ensemble takes."""
         return self._embedder.max_batch_size
 
+    @property
+    def info(self) -> ModelInfo:
+        """The ensemble (its ``kind``: embedding or sparse)."""
+        return self._embedder.info
+
     def _run(self, coroutine):
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
@@ -256,8 +283,10 @@ class BlockingEmbedder:
             return await asyncio.gather(*(self._embedder.embed(texts[i : i + size]) for i in spans))
 
         parts = self._run(embed_all())
+        vectors = [p.vectors for p in parts]
+        sparse = bool(vectors) and isinstance(vectors[0], SparseVectors)
         return Batch(
-            np.concatenate([p.vectors for p in parts]),
+            SparseVectors.concatenate(vectors) if sparse else np.concatenate(vectors),
             np.concatenate([p.num_tokens for p in parts]),
             sum(p.seconds for p in parts),
             sum(p.retries for p in parts),

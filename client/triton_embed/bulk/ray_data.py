@@ -15,9 +15,10 @@ one server per node keeps its traffic local.
 
 Batches come in and go out as ``pyarrow.Table``; the output has the columns of the CLI's
 shards (:func:`triton_embed.bulk.shards.schema`: ``id``, ``num_tokens``, ``embedding`` as a
-fixed-size list, and ``text`` when asked), so ``triton-embed verify OUT INPUT`` checks a Ray
-output too (it has no manifest: verify reads every ``*.parquet`` file; ids are compared as a
-set, since Ray does not keep the input order).
+fixed-size list, and ``text`` when asked; a sparse model's ``sparse`` column instead of
+``embedding``, :func:`~triton_embed.bulk.shards.sparse_schema`), so ``triton-embed verify
+OUT INPUT`` checks a Ray output too (it has no manifest: verify reads every ``*.parquet``
+file; ids are compared as a set, since Ray does not keep the input order).
 """
 
 from __future__ import annotations
@@ -27,13 +28,16 @@ from typing import Any
 import numpy as np
 
 from triton_embed.bulk import shards
+from triton_embed.bulk.kinds import SparseVectors
 from triton_embed.bulk.pool_embedder import BULK_RETRY, BlockingEmbedder
 from triton_embed.errors import InvalidInputError
 from triton_embed.options import DEFAULT_EMBEDDING_TYPE, RequestOptions
+from triton_embed.sparse_options import SparseOptions
+from triton_embed.transport.catalog import ModelKind
 
 
 class TritonEmbedder:
-    """Embeds a Ray Data batch (``pyarrow.Table``) with a Triton embedding ensemble.
+    """Embeds a Ray Data batch (``pyarrow.Table``) with a Triton embedding or sparse ensemble.
 
     Args:
         urls: gRPC ``host:port`` endpoints, comma-separated or a list.
@@ -48,13 +52,16 @@ class TritonEmbedder:
         **options: request options, the fields of
             :class:`~triton_embed.options.RequestOptions` (``input_type`` (default
             ``document``), ``dimensions``, ``embedding_type``, ``truncation``, ``allow_empty``,
-            ``normalize``, ``invalid_utf8``).
+            ``normalize``, ``invalid_utf8``); for a sparse model also ``top_k`` and
+            ``threshold`` (:class:`~triton_embed.sparse_options.SparseOptions`).
 
     Returns (per call): a ``pyarrow.Table`` with ``id``, ``num_tokens`` (int32),
-    ``embedding`` (fixed-size list) and optionally ``text``, rows in the batch's order.
+    ``embedding`` (fixed-size list; a sparse model: ``sparse``, ``list<struct<index: int32,
+    value: float32>>``) and optionally ``text``, rows in the batch's order.
 
     Raises:
-        InvalidInputError: the server refused a text (the message names its id).
+        InvalidInputError: the server refused a text (the message names its id), or an
+            option does not apply to the model's kind (names it).
         ServerUnavailableError: the servers stayed unreachable through the retries.
     """
 
@@ -78,6 +85,8 @@ class TritonEmbedder:
 
             urls = f"{ray.util.get_node_ip_address()}:{node_local_port}"
         options.setdefault("input_type", "document")  # a corpus is documents
+        sparse = SparseOptions(top_k=options.pop("top_k", None),
+                               threshold=options.pop("threshold", None))  # fmt: skip
         self.options = RequestOptions(**options)
         self.text_column = text_column
         self.id_column = id_column
@@ -86,6 +95,7 @@ class TritonEmbedder:
             urls,
             model,
             self.options,
+            sparse=sparse,
             timeout_s=timeout_s,
             admin_key=admin_key or read_admin_key(),
             retry=BULK_RETRY,
@@ -104,20 +114,25 @@ class TritonEmbedder:
         if self._schema is None:
             import pyarrow as pa
 
-            kind = (self.options.embedding_type or DEFAULT_EMBEDDING_TYPE).value
-            width = answer.vectors.shape[1]
             id_type = batch.schema.field(self.id_column).type
-            self._schema = shards.schema(
-                "int64" if pa.types.is_integer(id_type) else "string",
-                kind,
-                width * 8 if kind == "ubinary" else width,  # the schema needs the width only
-                self.include_text,
-            )
+            id_type = "int64" if pa.types.is_integer(id_type) else "string"
+            if self._embedder.info.kind is ModelKind.SPARSE:
+                self._schema = shards.sparse_schema(id_type, self.include_text)
+            else:
+                kind = (self.options.embedding_type or DEFAULT_EMBEDDING_TYPE).value
+                width = answer.vectors.shape[1]
+                self._schema = shards.schema(
+                    id_type,
+                    kind,
+                    width * 8 if kind == "ubinary" else width,  # the schema needs the width only
+                    self.include_text,
+                )
+        vectors = answer.vectors
         return shards.table(
             self._schema,
             ids,
             answer.num_tokens,
-            np.asarray(answer.vectors),
+            vectors if isinstance(vectors, SparseVectors) else np.asarray(vectors),
             texts if self.include_text else None,
         )
 

@@ -17,8 +17,14 @@ import os
 import sys
 import time
 
-from triton_embed.cli_args import add_model_arg, add_request_option_args, add_url_arg
+from triton_embed.cli_args import (
+    add_model_arg,
+    add_request_option_args,
+    add_sparse_option_args,
+    add_url_arg,
+)
 from triton_embed.options import OptionError, RequestOptions
+from triton_embed.sparse_options import SparseOptions
 
 #: The keyword arguments of :func:`~triton_embed.bulk.ray_data.embed_dataset` that are flags
 #: of the job, under the same names.
@@ -51,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="id column (default %(default)s)")  # fmt: skip
     p.add_argument("--include-text", action="store_true", help="keep the texts in the output")
     add_request_option_args(p, input_type_default="document", embedding_type=True)
+    add_sparse_option_args(p)
     p.add_argument("--address", default=None,
                    help="Ray cluster address (default: RAY_ADDRESS, or a local Ray)")  # fmt: skip
     return p
@@ -85,8 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     # The driver's key goes to the actors with their constructor arguments (workers started
     # without TRITON_EMBED_ADMIN_KEY in their environment, as a local cluster's, need it).
     flags = {name: getattr(args, name) for name in DATASET_FLAGS}
+    sparse = SparseOptions(top_k=args.top_k, threshold=args.threshold).to_parameters()
     out = embed_dataset(
-        ds, args.url, **flags, admin_key=read_admin_key(), **options.to_parameters()
+        ds, args.url, **flags, admin_key=read_admin_key(), **options.to_parameters(), **sparse
     )
     out.write_parquet(args.output)
     seconds = time.perf_counter() - t0

@@ -7,8 +7,11 @@ the columns of :func:`schema`:
 
 * ``id``: int64 or string, the record's id (:mod:`triton_embed.bulk.sources`);
 * ``num_tokens``: int32, tokens the model read (special tokens and prompt included);
-* ``embedding``: a fixed-size list: ``dim`` float32 (``embedding_type`` float32), ``dim``
-  float16, or ``ceil(dim / 8)`` uint8 of packed sign bits (ubinary), as the server sent them;
+* ``embedding`` (an embedding model): a fixed-size list: ``dim`` float32 (``embedding_type``
+  float32), ``dim`` float16, or ``ceil(dim / 8)`` uint8 of packed sign bits (ubinary), as the
+  server sent them;
+* ``sparse`` (a sparse model, :func:`sparse_schema`): ``list<struct<index: int32, value:
+  float32>>``, the record's non-zero vocabulary indices, ascending, and their weights;
 * ``text``: string, only when the job was asked to keep it.
 
 A shard is written to a hidden temporary file (created exclusively, never through a symbolic
@@ -16,6 +19,7 @@ link: :func:`replace_atomically`) and renamed into place, so a shard file is com
 absent; the manifest (the job's settings, each shard's file, rows, id range and SHA-256, and
 whether the job is complete) is replaced the same way after each shard. A Ray
 Data output (:mod:`triton_embed.bulk.ray_data`) has the same columns and no manifest.
+:mod:`triton_embed.bulk.verify` checks an output folder.
 """
 
 from __future__ import annotations
@@ -26,7 +30,6 @@ import json
 import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from triton_embed.bulk.kinds import SparseVectors
 from triton_embed.options import EmbeddingType
 
 MANIFEST = "_manifest.json"  # "_": Parquet readers (pyarrow, Ray, Spark) skip it
@@ -42,6 +46,10 @@ MANIFEST = "_manifest.json"  # "_": Parquet readers (pyarrow, Ray, Spark) skip i
 FORMAT = "triton-embed-shards/1"
 #: The key of each shard's Parquet key-value metadata.
 SHARD_METADATA_KEY = b"triton_embed"
+#: One weight of a ``sparse`` entry: its vocabulary index and its value.
+SPARSE_ENTRY = pa.struct([("index", pa.int32()), ("value", pa.float32())])
+#: The ``sparse`` column's type (what TEI's ``/embed_sparse`` answers, as Arrow).
+SPARSE_TYPE = pa.list_(SPARSE_ENTRY)
 
 
 _SHARD_FILE = re.compile(r"^\.?part-\d{5}\.parquet(\.tmp)?$")
@@ -73,51 +81,90 @@ def _value_type(embedding_type: str) -> Any:
 
 
 def schema(id_type: str, embedding_type: str, dim: int, include_text: bool) -> Any:
-    """The ``pyarrow.Schema`` of a shard (see the module docstring)."""
+    """The ``pyarrow.Schema`` of an embedding model's shard (see the module docstring)."""
+    width = embedding_width(embedding_type, dim)
+    vectors = pa.field("embedding", pa.list_(_value_type(embedding_type), width), nullable=False)
+    return _schema(id_type, vectors, include_text)
+
+
+def sparse_schema(id_type: str, include_text: bool) -> Any:
+    """The ``pyarrow.Schema`` of a sparse model's shard: ``sparse`` is :data:`SPARSE_TYPE`."""
+    return _schema(id_type, pa.field("sparse", SPARSE_TYPE, nullable=False), include_text)
+
+
+def _schema(id_type: str, vectors: Any, include_text: bool) -> Any:
     fields = [
         pa.field("id", pa.int64() if id_type == "int64" else pa.string(), nullable=False),
         pa.field("num_tokens", pa.int32(), nullable=False),
-        pa.field(
-            "embedding",
-            pa.list_(_value_type(embedding_type), embedding_width(embedding_type, dim)),
-            nullable=False,
-        ),
+        vectors,
     ]
     if include_text:
         fields.append(pa.field("text", pa.string(), nullable=False))
     return pa.schema(fields)
 
 
+def vector_column(shard_schema: Any) -> str | None:
+    """The name of the schema's vector column (``embedding`` or ``sparse``), or ``None``."""
+    found = [name for name in ("embedding", "sparse") if name in shard_schema.names]
+    return found[0] if len(found) == 1 else None
+
+
+def sparse_array(vectors: SparseVectors) -> Any:
+    """A :data:`SPARSE_TYPE` array of ``vectors`` (their buffers, no object per weight)."""
+    entries = pa.StructArray.from_arrays(
+        [pa.array(vectors.indices, pa.int32()), pa.array(vectors.weights, pa.float32())],
+        fields=list(SPARSE_ENTRY),
+    )
+    return pa.ListArray.from_arrays(pa.array(vectors.offsets, pa.int32()), entries, SPARSE_TYPE)
+
+
+def read_sparse(column: Any) -> SparseVectors:
+    """The :class:`~triton_embed.bulk.kinds.SparseVectors` of a ``sparse`` column (or array)."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    offsets = array.offsets.to_numpy().astype(np.int64)
+    entries = array.values
+    indices = entries.field("index").to_numpy(zero_copy_only=False)
+    weights = entries.field("value").to_numpy(zero_copy_only=False)
+    start = offsets[0]
+    return SparseVectors(
+        (offsets - start).astype(np.int32),
+        indices[start : offsets[-1]].astype(np.int32),
+        weights[start : offsets[-1]].astype(np.float32),
+    )
+
+
 def table(
     shard_schema: Any,
     ids: list,
     num_tokens: np.ndarray,
-    vectors: np.ndarray | Sequence[np.ndarray],
+    vectors: np.ndarray | SparseVectors | Sequence[np.ndarray | SparseVectors],
     texts: list[str] | None = None,
 ) -> Any:
     """A ``pyarrow.Table`` of ``shard_schema`` from one shard's rows.
 
     Args:
-        shard_schema: :func:`schema`.
+        shard_schema: :func:`schema` or :func:`sparse_schema`.
         ids: ``n`` ids.
         num_tokens: int ``[n]``.
-        vectors: ``[n, width]`` of the embedding's value type, or several such arrays (one per
-            request) whose rows add up to ``n``: they become the chunks of the column, without
-            being copied into one array first.
+        vectors: ``[n, width]`` of the embedding's value type (a :func:`sparse_schema`:
+            :class:`~triton_embed.bulk.kinds.SparseVectors` of ``n`` rows), or several such
+            (one per request) whose rows add up to ``n``: they become the chunks of the
+            column, without being copied into one array first.
         texts: ``n`` texts, when the schema has a ``text`` column.
     """
-    embedding_type = shard_schema.field("embedding").type
-    parts = [vectors] if isinstance(vectors, np.ndarray) else list(vectors)
-    embeddings = pa.chunked_array(
-        [
-            pa.FixedSizeListArray.from_arrays(
-                pa.array(np.ascontiguousarray(p).reshape(-1), type=embedding_type.value_type),
-                embedding_type.list_size,
-            )
-            for p in parts
-        ],
-        type=embedding_type,
-    )
+    one = isinstance(vectors, (np.ndarray, SparseVectors))
+    parts = [vectors] if one else list(vectors)
+    if vector_column(shard_schema) == "sparse":
+        embeddings = pa.chunked_array([sparse_array(p) for p in parts], type=SPARSE_TYPE)
+    else:
+        kind = shard_schema.field("embedding").type
+        embeddings = pa.chunked_array(
+            [pa.FixedSizeListArray.from_arrays(
+                pa.array(np.ascontiguousarray(p).reshape(-1), type=kind.value_type),
+                kind.list_size,
+            ) for p in parts],
+            type=kind,
+        )  # fmt: skip
     columns = [
         pa.chunked_array([pa.array(ids, type=shard_schema.field("id").type)]),
         pa.chunked_array([pa.array(np.asarray(num_tokens, dtype=np.int32))]),
@@ -128,7 +175,8 @@ def table(
     return pa.Table.from_arrays(columns, schema=shard_schema)
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """SHA-256 of the file's bytes, hex."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(1 << 20):
@@ -215,7 +263,7 @@ def _entry(path: Path, shard: Any, first_record: int) -> dict:
         "first_id": ids[0].as_py() if shard.num_rows else None,
         "last_id": ids[-1].as_py() if shard.num_rows else None,
         "tokens": int(pc.sum(shard.column("num_tokens")).as_py() or 0),
-        "sha256": _sha256(path),
+        "sha256": file_sha256(path),
     }
 
 
@@ -289,189 +337,11 @@ def read_vectors(directory: str | Path) -> np.ndarray:
             f"{directory} {state}: pass a folder 'triton-embed embed' finished (rows in input "
             "order)"
         )
+    if manifest.get("kind", "embedding") != "embedding":
+        raise ValueError(
+            f"{directory} holds the {manifest['kind']} vectors of {manifest['model']!r}, not "
+            "embeddings: pass a folder an embedding model wrote"
+        )
     columns = [pq.read_table(directory / e["file"], columns=["embedding"]).column(0)
                for e in manifest["shards"]]  # fmt: skip
     return np.concatenate([np.stack(c.to_numpy(zero_copy_only=False)) for c in columns if len(c)])
-
-
-# ---- verify -------------------------------------------------------------------------------
-
-
-@dataclass
-class Verdict:
-    """What :func:`verify` found.
-
-    Attributes:
-        rows: rows in all shards.
-        shards: shard files read.
-        dim: values per ``embedding`` entry (the same in every shard), or ``None``.
-        problems: one line each; empty when the output is good.
-    """
-
-    rows: int = 0
-    shards: int = 0
-    dim: int | None = None
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        """Whether nothing is wrong."""
-        return not self.problems
-
-
-def _shard_files(directory: Path, manifest: dict | None) -> list[Path]:
-    if manifest is not None:
-        return [directory / entry["file"] for entry in manifest.get("shards", [])]
-    return sorted(p for p in directory.rglob("*.parquet") if not p.name.startswith("."))
-
-
-def verify(directory: str | Path, source=None) -> Verdict:
-    """Check a finished output: shard integrity, schema, dimension, row count and ids.
-
-    With a manifest: every listed shard exists with its SHA-256, row count and id range;
-    the job is complete; the shards' rows add up to the manifest's. Without one (a Ray Data
-    output): every ``*.parquet`` file under ``directory``. Always: the columns and types of
-    :func:`schema`, one embedding width, no null, ids unique. With ``source`` (a
-    :class:`~triton_embed.bulk.sources.Source`): its fingerprint equals the manifest's, and
-    the ids are exactly the input's (in input order when there is a manifest).
-
-    Args:
-        directory: the output folder.
-        source: the input, or ``None``.
-
-    Returns:
-        :class:`Verdict`.
-
-    Raises:
-        ValueError: ``directory`` is no folder, or its manifest is unreadable.
-    """
-    directory = Path(directory)
-    if directory.is_file():
-        raise ValueError(f"{directory} is a file; verify checks an output folder")
-    if not directory.is_dir():
-        raise ValueError(f"{directory}: no such folder")
-    manifest = read_manifest(directory)
-    verdict = Verdict()
-    visible_shards = [p for p in directory.iterdir()
-                      if is_shard_file(p.name) and not p.name.startswith(".")]  # fmt: skip
-    if manifest is None and visible_shards:
-        verdict.problems.append(
-            f"{directory} holds part-NNNNN.parquet shards of 'triton-embed embed' but no "
-            f"{MANIFEST}: it was deleted, or the job never started a manifest; embed it again"
-        )
-    files = _shard_files(directory, manifest)
-    if not files:
-        verdict.problems.append(f"{directory}: no shards")
-    if manifest is not None and not manifest.get("complete"):
-        verdict.problems.append(
-            f"{directory / MANIFEST}: the job is not complete "
-            f"({len(manifest.get('shards', []))} shards written); run the same command again"
-        )
-    entries = {e["file"]: e for e in (manifest or {}).get("shards", [])}
-    ids: list = []
-    first_schema = None
-    for path in files:
-        entry = entries.get(path.name)
-        if not path.exists():
-            verdict.problems.append(f"{path.name}: listed in the manifest but missing")
-            continue
-        if entry is not None and _sha256(path) != entry.get("sha256"):
-            verdict.problems.append(f"{path.name}: SHA-256 differs from the manifest's (changed)")
-        try:
-            shard = pq.read_table(path)
-        except (OSError, ValueError) as exc:
-            verdict.problems.append(f"{path.name}: not a readable Parquet file ({exc})")
-            continue
-        verdict.shards += 1
-        verdict.rows += shard.num_rows
-        problem = _schema_problem(shard.schema)
-        if problem:
-            verdict.problems.append(f"{path.name}: {problem}")
-            continue
-        plain = shard.schema.remove_metadata()
-        if first_schema is None:
-            first_schema = plain
-            verdict.dim = plain.field("embedding").type.list_size
-        elif not plain.equals(first_schema):
-            verdict.problems.append(
-                f"{path.name}: columns {plain} differ from the first shard's {first_schema}"
-            )
-        if shard.column("embedding").null_count or shard.column("id").null_count:
-            verdict.problems.append(f"{path.name}: null ids or embeddings")
-        shard_ids = shard.column("id").to_pylist()
-        if (
-            entry is not None
-            and shard_ids
-            and (
-                entry.get("rows") != len(shard_ids)
-                or entry.get("first_id") != shard_ids[0]
-                or entry.get("last_id") != shard_ids[-1]
-            )
-        ):
-            verdict.problems.append(
-                f"{path.name}: rows or id range differ from the manifest's ({len(shard_ids)} "
-                f"rows, ids {shard_ids[0]!r}..{shard_ids[-1]!r})"
-            )
-        ids += shard_ids
-    if manifest is not None and manifest.get("complete") and manifest.get("rows") != verdict.rows:
-        verdict.problems.append(
-            f"the shards hold {verdict.rows} rows, the manifest says {manifest.get('rows')}"
-        )
-    if manifest is not None and verdict.dim is not None:
-        want = embedding_width(manifest["embedding_type"], manifest["dimension"])
-        if want != verdict.dim:
-            verdict.problems.append(f"embeddings have {verdict.dim} values, the manifest {want}")
-    unique = set(ids)
-    if len(unique) != len(ids):
-        seen: set = set()
-        twice = sorted({i for i in ids if i in seen or seen.add(i)}, key=str)
-        verdict.problems.append(f"{len(ids) - len(unique)} duplicate ids, e.g. {twice[:3]}")
-    if source is not None:
-        _check_against_input(verdict, manifest, source, ids, unique)
-    return verdict
-
-
-def _schema_problem(shard_schema: Any) -> str | None:
-    need = {"id", "num_tokens", "embedding"}
-    missing = need - set(shard_schema.names)
-    if missing:
-        return f"missing columns {sorted(missing)} (has {shard_schema.names})"
-    kind = shard_schema.field("embedding").type
-    if not pa.types.is_fixed_size_list(kind):
-        return f"embedding is {kind}, not a fixed-size list"
-    if shard_schema.field("num_tokens").type != pa.int32():
-        return f"num_tokens is {shard_schema.field('num_tokens').type}, not int32"
-    return None
-
-
-def _check_against_input(verdict: Verdict, manifest, source, ids: list, unique: set) -> None:
-    if manifest is not None and manifest["job"]["input"]["fingerprint"] != source.fingerprint():
-        verdict.problems.append(
-            f"{source.path} is not the input this output was made from (its fingerprint "
-            "differs from the manifest's)"
-        )
-        return
-    expected: list = []
-    for chunk in source.chunks(65536):
-        expected += chunk.ids
-    if len(expected) != len(ids):
-        verdict.problems.append(f"{len(ids)} rows for {len(expected)} input records")
-    if manifest is not None:
-        if ids != expected:
-            pairs = enumerate(zip(ids, expected, strict=False))
-            at = next((i for i, (a, b) in pairs if a != b), None)
-            verdict.problems.append(
-                "ids are not the input's in input order"
-                + (
-                    f" (first difference at row {at}: {ids[at]!r} vs {expected[at]!r})"
-                    if at is not None
-                    else ""
-                )  # fmt: skip
-            )
-        return
-    missing = set(expected) - unique
-    extra = unique - set(expected)
-    if missing:
-        verdict.problems.append(f"{len(missing)} input ids missing, e.g. {sorted(missing)[:3]}")
-    if extra:
-        verdict.problems.append(f"{len(extra)} ids not in the input, e.g. {sorted(extra)[:3]}")

@@ -1,0 +1,161 @@
+"""What a bulk job writes for each model kind: the vector column, the request options.
+
+The output follows the model: an embedding ensemble's records get an ``embedding`` column
+(dense vectors), a sparse ensemble's (SPLADE, docs/sparse.md) a ``sparse`` column (per record
+its non-zero vocabulary indices, ascending, and their weights). The job learns the kind
+from the servers' model configs (:class:`~triton_embed.transport.catalog.ModelKind`), so the
+flags of both kinds are taken and checked against it once the model is known
+(:func:`request_options`): a flag of the other kind is refused, naming it.
+
+A sparse answer is held as :class:`SparseVectors` (compressed sparse rows: one offsets
+array, one indices array, one weights array), which becomes the Arrow column without a
+Python object per weight (:func:`triton_embed.bulk.shards.sparse_array`). Plain numpy: the
+pool (:mod:`~triton_embed.bulk.pool_embedder`) runs without pyarrow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from triton_embed.errors import InvalidInputError
+from triton_embed.options import DEFAULT_EMBEDDING_TYPE, RequestOptions, Truncation
+from triton_embed.sparse_options import SparseOptions
+from triton_embed.transport.catalog import ModelKind
+
+#: The vector column of each kind the bulk job writes.
+COLUMNS = {ModelKind.EMBEDDING: "embedding", ModelKind.SPARSE: "sparse"}
+
+
+@dataclass(frozen=True)
+class SparseVectors:
+    """``n`` sparse vectors as compressed sparse rows, in input order.
+
+    Row ``r`` is ``indices[offsets[r]:offsets[r + 1]]`` (int32 vocabulary indices,
+    ascending, as the server sends them) with ``weights[offsets[r]:offsets[r + 1]]``
+    (float32).
+
+    Attributes:
+        offsets: int32 ``[n + 1]``, from 0 to ``nnz``, non-decreasing.
+        indices: int32 ``[nnz]``.
+        weights: float32 ``[nnz]``.
+    """
+
+    offsets: np.ndarray
+    indices: np.ndarray
+    weights: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def nnz(self) -> int:
+        """Weights held, all rows together."""
+        return int(self.offsets[-1])
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[tuple[np.ndarray, np.ndarray]]) -> SparseVectors:
+        """From ``(indices [k], weights [k])`` per row (:meth:`.inference.Embeddings.sparse`).
+
+        Raises:
+            ValueError: a row's indices and weights differ in length, or the rows hold
+                2**31 weights or more (int32 offsets, Arrow's ``list``).
+        """
+        lengths = np.array([len(i) for i, _ in rows], np.int64)
+        if any(len(i) != len(w) for i, w in rows):
+            raise ValueError("a sparse row has as many weights as indices")
+        offsets = np.zeros(len(rows) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        if offsets[-1] >= 2**31:
+            raise ValueError(f"{offsets[-1]} sparse weights in one batch; at most 2**31 - 1")
+        empty = (np.zeros(0, np.int32), np.zeros(0, np.float32))
+        indices, weights = zip(*rows, strict=True) if rows else empty
+        return cls(
+            offsets.astype(np.int32),
+            np.concatenate([np.asarray(i, np.int32).ravel() for i in indices] or [empty[0]]),
+            np.concatenate([np.asarray(w, np.float32).ravel() for w in weights] or [empty[1]]),
+        )
+
+    @classmethod
+    def concatenate(cls, parts: Sequence[SparseVectors]) -> SparseVectors:
+        """The rows of ``parts``, one after the other.
+
+        Raises:
+            ValueError: 2**31 weights or more in all.
+        """
+        starts = np.cumsum([0] + [p.nnz for p in parts], dtype=np.int64)
+        if starts[-1] >= 2**31:
+            raise ValueError(f"{starts[-1]} sparse weights in one batch; at most 2**31 - 1")
+        offsets = [np.zeros(1, np.int64)]
+        offsets += [p.offsets[1:].astype(np.int64) + s for p, s in zip(parts, starts, strict=False)]
+        return cls(
+            np.concatenate(offsets).astype(np.int32),
+            np.concatenate([np.zeros(0, np.int32)] + [p.indices for p in parts]),
+            np.concatenate([np.zeros(0, np.float32)] + [p.weights for p in parts]),
+        )
+
+    def row(self, r: int) -> tuple[np.ndarray, np.ndarray]:
+        """Row ``r``: ``(indices int32 [k], weights float32 [k])``."""
+        start, stop = int(self.offsets[r]), int(self.offsets[r + 1])
+        return self.indices[start:stop], self.weights[start:stop]
+
+
+def _dense_flags(options: RequestOptions) -> list[str]:
+    """The flags of ``options`` that only an embedding model takes, those that are set."""
+    embedding_type = options.embedding_type
+    set_flags = [
+        ("--dimensions", options.dimensions is not None),
+        ("--embedding-type", embedding_type not in (None, DEFAULT_EMBEDDING_TYPE)),
+        ("--normalize", options.normalize is not None),
+        ("--truncation CHUNK", options.truncation is Truncation.CHUNK),
+    ]
+    return [name for name, given in set_flags if given]
+
+
+def request_options(
+    kind: ModelKind, model: str, options: RequestOptions, sparse: SparseOptions
+) -> RequestOptions | SparseOptions:
+    """The options each request of the job sends to a model of ``kind``.
+
+    Args:
+        kind: the model's kind (an embedding or a sparse model).
+        model: its name, for the messages.
+        options: the text options and an embedding model's (``--dimensions``,
+            ``--embedding-type``, ``--normalize``).
+        sparse: a sparse model's own (``top_k``, ``threshold``; its text options unused).
+
+    Returns:
+        ``options`` for an embedding model; for a sparse model, a
+        :class:`~triton_embed.sparse_options.SparseOptions` of ``options``' text options
+        with ``sparse``'s ``top_k`` and ``threshold``.
+
+    Raises:
+        InvalidInputError: a flag of the other kind is set (names it and the model's kind),
+            or ``kind`` is neither.
+    """
+    if kind is ModelKind.EMBEDDING:
+        given = [f"--{n.replace('_', '-')}" for n in ("top_k", "threshold")
+                 if getattr(sparse, n) is not None]  # fmt: skip
+        if given:
+            raise InvalidInputError(
+                f"{' and '.join(given)} set the weights a sparse model keeps; {model!r} is an "
+                "embedding model: leave them out, or pass --model a sparse model"
+            )
+        return options
+    if kind is ModelKind.SPARSE:
+        given = _dense_flags(options)
+        if given:
+            raise InvalidInputError(
+                f"{' and '.join(given)} apply to an embedding model's vectors; {model!r} is a "
+                "sparse model (it writes a 'sparse' column of indices and weights): leave "
+                f"{'it' if len(given) == 1 else 'them'} out, or pass --model an embedding model"
+            )
+        text = {n: getattr(options, n) for n in ("truncation", "allow_empty", "invalid_utf8",
+                                                 "input_type")}  # fmt: skip
+        return SparseOptions(**text, top_k=sparse.top_k, threshold=sparse.threshold)
+    raise InvalidInputError(
+        f"model {model!r} is a {kind.value}; the bulk job writes the vectors of an embedding or "
+        "a sparse model: pass --model the name of one"
+    )

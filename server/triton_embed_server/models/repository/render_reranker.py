@@ -37,6 +37,10 @@ def _template(file: str, name: str) -> str:
     return first.replace(f"`{TEMPLATE_NAME}`", f"`{name}`", 1) + "\n" + rest
 
 
+#: The scorer templates' ``max_num_batched_tokens`` per device (tokens per engine step).
+SCORER_STEP_TOKENS = {"cpu": 4096, "gpu": 16384}
+
+
 def render_reranker(
     options: ModelOptions,
     model_path: str,
@@ -97,11 +101,18 @@ def render_reranker(
 
     dtype = {"dtype": options.dtype} if options.dtype else {}
     gpu = _template("scorer_gpu.pbtxt", name)
+    # One full-length pair must fit in an engine step: the templates' step, or max_length.
+    steps_of = {
+        device: {"max_num_batched_tokens": str(max(tokens, resolved_max_length))}
+        for device, tokens in SCORER_STEP_TOKENS.items()
+    }
     if options.device == "gpu":
         text = _GPU_ONLY_HEADER.format(name=name) + gpu.removeprefix(_GPU_VARIANT_HEADER)
-        files[f"{scorer}/config.pbtxt"] = scorer_config(text, instances, **dtype)
+        files[f"{scorer}/config.pbtxt"] = scorer_config(text, instances, **dtype, **steps_of["gpu"])
     else:
         cpu = _template("scorer_cpu.pbtxt", name)
-        files[f"{scorer}/config.pbtxt"] = scorer_config(cpu, instances, **dtype)
-        files[f"{scorer}/configs/gpu.pbtxt"] = scorer_config(gpu, DEFAULT_INSTANCES["gpu"])
+        files[f"{scorer}/config.pbtxt"] = scorer_config(cpu, instances, **dtype, **steps_of["cpu"])
+        files[f"{scorer}/configs/gpu.pbtxt"] = scorer_config(
+            gpu, DEFAULT_INSTANCES["gpu"], **steps_of["gpu"]
+        )
     return {path: text.encode("utf-8") for path, text in sorted(files.items())}

@@ -1,0 +1,173 @@
+"""The request options of a sparse (SPLADE) model, defined once.
+
+A sparse ensemble takes ``TEXT`` like an embedding ensemble and answers ``SPARSE``: per text,
+its non-zero vocabulary indices and their weights (``docs/sparse.md``). Its request
+parameters (KServe v2 ``parameters``) are the text options of the embedding ensemble that
+apply to it and two of its own; each is optional, the server's default applies:
+
+==================  ===============================================  =======================
+parameter           values                                           when absent
+==================  ===============================================  =======================
+``truncation``      ``NONE``, ``END``, ``START`` (not ``CHUNK``)     the tokenizer's (END)
+``allow_empty``     ``true``/``false`` (``1``/``0``, ``yes``/``no``)  the tokenizer's (false)
+``invalid_utf8``    ``error``, ``replace``                           ``error``
+``input_type``      a prompt name of the model (``query``, ...)      the model's default
+``top_k``           an integer >= 1: keep the ``k`` largest weights  every weight kept
+``threshold``       a finite number >= 0: keep weights above it      ``0``: every non-zero
+==================  ===============================================  =======================
+
+``truncation=CHUNK`` is refused: a text's sparse vector is the max over its tokens of one
+window; the windows' vectors would have to be merged in a way the model was not trained for
+(a mean is not a SPLADE vector, a max is not what the model computes on the whole text).
+A value outside its allowed set is an :class:`~triton_embed.options.OptionError`
+(``ValueError``) that names the parameter; an unknown parameter is refused as for embeddings
+(:func:`~triton_embed.options.check_known`).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from triton_embed.options import (
+    ALLOW_EMPTY,
+    INPUT_TYPE,
+    INVALID_UTF8,
+    TRUNCATION,
+    InvalidUtf8,
+    OptionError,
+    RequestOptions,
+    Truncation,
+    check_known,
+    parse_dimensions,
+    parse_flag,
+    parse_input_type,
+)
+
+TOP_K = "top_k"
+THRESHOLD = "threshold"
+#: The request parameters a sparse model takes, in documentation order.
+SPARSE_NAMES = (TRUNCATION, ALLOW_EMPTY, INVALID_UTF8, INPUT_TYPE, TOP_K, THRESHOLD)
+#: The truncations a sparse model offers (``CHUNK`` is an embedding model's).
+SPARSE_TRUNCATIONS = (Truncation.NONE, Truncation.END, Truncation.START)
+
+
+def parse_sparse_truncation(value: Any, what: str = TRUNCATION) -> Truncation:
+    """Parse ``NONE`` / ``END`` / ``START`` (case-insensitive); ``CHUNK`` is refused.
+
+    Raises:
+        OptionError: another value, or ``CHUNK`` (names ``what`` and the allowed values).
+    """
+    truncation = Truncation.parse(value, what)
+    if truncation not in SPARSE_TRUNCATIONS:
+        allowed = ", ".join(t.value for t in SPARSE_TRUNCATIONS)
+        raise OptionError(
+            what,
+            value,
+            allowed,
+            f"is not offered for sparse models (one window's sparse vector is not a merge of "
+            f"several); use one of {allowed}",
+        )
+    return truncation
+
+
+def parse_top_k(value: Any, what: str = TOP_K) -> int:
+    """Parse a ``top_k``: a whole number >= 1 (an int, or a string of one).
+
+    Raises:
+        OptionError: anything else (names ``what`` and the value).
+    """
+    return parse_dimensions(value, what)
+
+
+def parse_threshold(value: Any, what: str = THRESHOLD) -> float:
+    """Parse a ``threshold``: a finite number >= 0 (an int, a float, or a string of one).
+
+    Raises:
+        OptionError: a bool, a non-number, NaN, an infinity or a negative number.
+    """
+    allowed = "a finite number >= 0"
+    number = math.nan
+    if not isinstance(value, bool):
+        try:
+            number = float(value.strip() if isinstance(value, str) else value)
+        except (TypeError, ValueError):
+            pass
+    if not math.isfinite(number) or number < 0:
+        raise OptionError(what, value, allowed, f"must be {allowed}")
+    return number
+
+
+@dataclass(frozen=True)
+class SparseOptions:
+    """One sparse request's options; ``None``: the server's default.
+
+    Values are parsed on construction, so ``SparseOptions(top_k="5")`` holds ``5``.
+
+    Attributes:
+        truncation: over-long texts: ``NONE`` (error), ``END``, ``START``.
+        allow_empty: encode empty texts instead of refusing them.
+        invalid_utf8: refuse (``error``) or replace with U+FFFD (``replace``).
+        input_type: the prompt to prepend (a prompt name of the model).
+        top_k: keep only the ``top_k`` largest weights of each text.
+        threshold: keep only weights above this (strictly).
+
+    Raises:
+        OptionError: a value outside its allowed set.
+    """
+
+    truncation: Truncation | None = None
+    allow_empty: bool | None = None
+    invalid_utf8: InvalidUtf8 | None = None
+    input_type: str | None = None
+    top_k: int | None = None
+    threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        parsers = {
+            TRUNCATION: parse_sparse_truncation,
+            ALLOW_EMPTY: parse_flag,
+            INVALID_UTF8: InvalidUtf8.parse,
+            INPUT_TYPE: parse_input_type,
+            TOP_K: parse_top_k,
+            THRESHOLD: parse_threshold,
+        }
+        for name, parse in parsers.items():
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, parse(value, name))
+
+    @classmethod
+    def from_parameters(cls, parameters: Mapping[str, Any]) -> SparseOptions:
+        """Read the options from a request's KServe v2 parameters.
+
+        Raises:
+            ValueError: an unknown parameter, or a value outside its allowed set (the
+                message starts with ``request parameter <name>=<value>``).
+        """
+        check_known(parameters, SPARSE_NAMES)
+        try:
+            return cls(**{n: parameters[n] for n in SPARSE_NAMES if n in parameters})
+        except OptionError as exc:
+            raise exc.with_prefix("request parameter ") from None
+
+    def text_options(self) -> RequestOptions:
+        """The options the tokenizer step applies to the texts (truncation, prompt, ...)."""
+        return RequestOptions(
+            truncation=self.truncation,
+            allow_empty=self.allow_empty,
+            invalid_utf8=self.invalid_utf8,
+            input_type=self.input_type,
+        )
+
+    def to_parameters(self) -> dict[str, str | bool | int | float]:
+        """The request parameters to send: only the options that are set."""
+        out: dict[str, str | bool | int | float] = {}
+        for name in SPARSE_NAMES:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value.value if isinstance(value, enum.Enum) else value
+        return out

@@ -50,6 +50,7 @@ def make_splade(
     seed: int = 0,
     pooling: str = "max",
     max_length: int = SPLADE_MAX_LENGTH,
+    transformer: str = "MLMTransformer",
 ) -> Path:
     """A SPLADE folder as ``SparseEncoder.save`` writes it.
 
@@ -58,15 +59,25 @@ def make_splade(
         seed: ``torch.manual_seed`` of the weights.
         pooling: ``SpladePooling``'s ``pooling_strategy`` (``max`` or ``sum``).
         max_length: the encoder's ``max_seq_length``.
+        transformer: ``MLMTransformer`` (sentence-transformers 5.0 to 5.3's module), or
+            ``Transformer`` with ``transformer_task="fill-mask"`` (what 5.4+ builds).
     """
     from sentence_transformers import SparseEncoder
-    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+    from sentence_transformers.sparse_encoder.modules import (
+        MLMTransformer,
+        SpladePooling,
+        Transformer,
+    )
 
     path = Path(path)
     body = path.parent / f"{path.name}-mlm"
     _save_bert_mlm(body, seed)
+    if transformer == "MLMTransformer":
+        module = MLMTransformer(str(body), max_seq_length=max_length)
+    else:
+        module = Transformer(str(body), transformer_task="fill-mask", max_seq_length=max_length)
     encoder = SparseEncoder(
-        modules=[MLMTransformer(str(body), max_seq_length=max_length), SpladePooling(pooling)],
+        modules=[module, SpladePooling(pooling)],
         prompts=dict(SPLADE_PROMPTS),
         device="cpu",
     )

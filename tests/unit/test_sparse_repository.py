@@ -76,6 +76,16 @@ def test_the_spec_is_what_the_folders_state(built):
     assert (plain.pooling, plain.max_length) == ("max", 512)
 
 
+def test_the_fill_mask_transformer_layout_is_the_same_model(tmp_path, built):
+    """sentence-transformers 5.4+ writes ``Transformer`` with ``transformer_task: fill-mask``."""
+    folder = make_splade(tmp_path / "fill-mask", transformer="Transformer")
+    modules = json.loads((folder / "modules.json").read_text())
+    assert modules[0]["type"].endswith(".Transformer")
+    assert read_sparse_spec(folder) == read_sparse_spec(built["st"])
+    written = gen.add_model(tmp_path / "repo", ModelOptions(name="fm", model=str(folder)))
+    assert written[-1].name == "fm_sparse_encoder"
+
+
 def test_sum_pooling_is_read(splade):
     edit_json(pooling_config(splade), pooling_strategy="sum")
     spec = read_sparse_spec(splade)

@@ -172,4 +172,3 @@ def _splade_pooling(path: Path) -> str:
             "log1p(relu(logits)), as vLLM's SPLADE pooler computes)"
         )
     return strategy
-

@@ -12,9 +12,7 @@ parameter           values                                           when absent
 ``allow_empty``     ``true``/``false`` (``1``/``0``, ``yes``/``no``)  the tokenizer's (false)
 ``invalid_utf8``    ``error``, ``replace``                           ``error``
 ``input_type``      a prompt name of the model (``query``, ...)      the model's default
-``top_k``           an integer >= 1: keep the ``k`` largest weights  the model's
-                                                                     ``max_active_dims``, else
-                                                                     every weight kept
+``top_k``           an integer >= 1: keep the ``k`` largest weights  every weight kept
 ``threshold``       a finite number >= 0: keep weights above it      ``0``: every non-zero
 ==================  ===============================================  =======================
 

@@ -225,7 +225,7 @@ class ModelInfo:
             tokenizer_max_batch_size=_max_batch_size(tokenizer_config, max_batch_size),
             embedder_max_batch_size=_max_batch_size(embedder_config, max_batch_size),
             served_model_name=parameter(config, "served_model_name") or None,
-            dimension=_int_parameter(config, "dimension"),
+            dimension=_int_parameter(config, "dimension") or _int_parameter(config, "vocab_size"),
             max_length=max_length,
             pooling=facts.pooling,
             normalize=facts.normalize,

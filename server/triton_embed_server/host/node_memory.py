@@ -173,8 +173,8 @@ def engine_needs(
     """Every ``KIND_CPU`` engine instance of the repositories, with its node and need.
 
     Args:
-        repositories: model repositories (every model whose ``1/model.py`` is our embedder
-            or scorer).
+        repositories: model repositories (every model whose ``1/model.py`` is our embedder,
+            scorer or sparse encoder).
         config_name: ``--model-config-name``, if given.
         allowed_cpus: the CPUs the server may use (None: this process's).
         numa_root: the sysfs NUMA folder.
@@ -191,8 +191,13 @@ def engine_needs(
     from triton_embed_server.models.repository.layout import step_kind
     from triton_embed_server.steps.config import EmbedderConfig
     from triton_embed_server.steps.rerank_config import ScorerConfig
+    from triton_embed_server.steps.sparse_config import SparseEncoderConfig
 
-    engine_configs = {"embedder": EmbedderConfig, "scorer": ScorerConfig}
+    engine_configs = {
+        "embedder": EmbedderConfig,
+        "scorer": ScorerConfig,
+        "sparse_encoder": SparseEncoderConfig,
+    }
 
     if auto_plan is None:
         from triton_embed_server.host.doctor import host_plan

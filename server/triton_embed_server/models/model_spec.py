@@ -172,10 +172,16 @@ def read_model_spec(
 def read_prompt_spec(path: Path) -> PromptSpec:
     """Read a model folder's prompts and ``include_prompt`` (no pooling needed).
 
+    A sparse model's folder (a ``SpladePooling`` module) includes the prompt: its pooling
+    takes every token (:mod:`triton_embed_server.models.sparse_spec`).
+
     Raises:
         ModelFolderError: as :func:`read_model_spec`, for these files.
     """
     path = Path(path)
+    modules = _modules(path) or []
+    if any(str(m.get("type", "")).rsplit(".", 1)[-1] == "SpladePooling" for m in modules):
+        return _prompting(path, {})  # a sparse model's SpladePooling pools every token
     _, pooling_config, _ = _pooling_module(path)
     return _prompting(path, pooling_config)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from triton_embed.options import DEFAULT_ALLOW_EMPTY, DEFAULT_TRUNCATION, Truncation
 from triton_embed.serving_limits import REQUEST_TEXTS, request_token_budget
+from triton_embed.sparse_options import parse_sparse_truncation
 
 from triton_embed_server.host.cpu_features import cpu_flags, engine_dtype
 from triton_embed_server.models.instance_group import instance_kind, read_config_pbtxt
@@ -38,11 +39,15 @@ from triton_embed_server.steps.engine_config import (
     request_tokens,
 )
 
+#: The model kinds a tokenizer step tokenizes for: which request options it reads.
+TOKENIZER_KINDS = ("embedding", "sparse")
+
 __all__ = [
     "CHARS_PER_TOKEN_CAP",
     "DEFAULT_MAX_CHUNKS",
     "DEFAULT_MODEL_PATH",
     "MIN_MAX_LENGTH",
+    "TOKENIZER_KINDS",
     "EmbedderConfig",
     "TokenizerConfig",
     "model_parameters",
@@ -73,6 +78,9 @@ class TokenizerConfig(StepConfig):
             together (parameter ``max_request_tokens``; ``0``/absent:
             :func:`request_token_budget` of the model's ``max_batch_size``); a request over
             it is refused before any engine work.
+        kind: the model kind the step tokenizes for (parameter ``kind``, :data:`TOKENIZER_KINDS`):
+            ``embedding`` (the default; the request options of :mod:`triton_embed.options`) or
+            ``sparse`` (those of :mod:`triton_embed.sparse_options`, ``CHUNK`` refused).
     """
 
     model_path: Path
@@ -82,6 +90,7 @@ class TokenizerConfig(StepConfig):
     allow_empty: bool = DEFAULT_ALLOW_EMPTY
     max_chunks: int = DEFAULT_MAX_CHUNKS
     max_request_tokens: int = 0
+    kind: str = "embedding"
 
     @classmethod
     def _parse(
@@ -93,11 +102,15 @@ class TokenizerConfig(StepConfig):
         if max_length < MIN_MAX_LENGTH:
             raise ValueError(f"parameter max_length={max_length} must be >= {MIN_MAX_LENGTH}")
         texts = int(model_config.get("max_batch_size") or 0) or REQUEST_TEXTS
+        kind = p.choice("kind", "embedding", TOKENIZER_KINDS)
+        truncation = p.str("truncation", DEFAULT_TRUNCATION.value)
         return cls(
             model_path=path,
             max_length=max_length,
-            truncation=Truncation.parse(
-                p.str("truncation", DEFAULT_TRUNCATION.value), "parameter truncation"
+            truncation=(
+                parse_sparse_truncation(truncation, "parameter truncation")
+                if kind == "sparse"
+                else Truncation.parse(truncation, "parameter truncation")
             ),
             max_chars=p.int("max_chars", 0, minimum=0) or CHARS_PER_TOKEN_CAP * max_length,
             allow_empty=p.bool("allow_empty", DEFAULT_ALLOW_EMPTY),
@@ -105,6 +118,7 @@ class TokenizerConfig(StepConfig):
             max_request_tokens=request_tokens(
                 p, request_token_budget(texts, max_length, max_chunks)
             ),
+            kind=kind,
         )
 
 

@@ -81,6 +81,7 @@ def decode_request_token_ids(
     window_payloads: Sequence[bytes] | None = None,
     max_chunks: int | None = None,
     max_request_tokens: int | None = None,
+    step: str = "embedder",
 ) -> tuple[list[list[int]], list[list[tuple[int, int, int]]]]:
     """Decode and validate one request's ``TOKEN_IDS`` (and ``WINDOWS``) elements.
 
@@ -93,6 +94,7 @@ def decode_request_token_ids(
             is one window, pooled whole.
         max_chunks: the most windows of one text (``None``: no limit).
         max_request_tokens: the most token IDs of the whole request (``None``: no limit).
+        step: the step's name in the budget's message (``embedder``, ``sparse_encoder``).
 
     Returns:
         Per text, its token IDs, and its windows.
@@ -105,7 +107,7 @@ def decode_request_token_ids(
     """
     from triton_embed.codec import decode_token_ids, decode_windows
 
-    check_request_tokens(payloads, max_request_tokens, "embedder", "texts or windows")
+    check_request_tokens(payloads, max_request_tokens, step, "texts or windows")
     if window_payloads is not None and len(window_payloads) != len(payloads):
         raise InvalidTokenIdsError(
             f"WINDOWS has {len(window_payloads)} elements for {len(payloads)} TOKEN_IDS "

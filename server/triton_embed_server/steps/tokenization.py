@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from triton_embed.options import DEFAULT_INVALID_UTF8, InvalidUtf8, RequestOptions, Truncation
+from triton_embed.sparse_options import SparseOptions
 
 from triton_embed_server.host.shm.sizing import UTF8_MAX
 from triton_embed_server.models.model_spec import read_prompt_spec
@@ -48,15 +49,18 @@ from triton_embed_server.steps.errors import (
 _LONG_WHITESPACE = re.compile(r"\s{64,}")
 
 
-def parse_request_options(parameters: Mapping[str, Any]) -> RequestOptions:
+def parse_request_options(parameters: Mapping[str, Any], kind: str = "embedding") -> RequestOptions:
     """Read a request's options from its KServe v2 request ``parameters``.
 
-    The names, allowed values and defaults are those of :mod:`triton_embed.options`.
+    The names, allowed values and defaults are those of :mod:`triton_embed.options` for an
+    embedding model, of :mod:`triton_embed.sparse_options` for a sparse one (whose
+    ``top_k`` and ``threshold`` are checked here too, for the engine step to apply).
 
     Args:
         parameters: the request's parameters, e.g. ``{"truncation": "NONE"}``. Keys that
-            are not options of this service (Triton's own, such as ``sequence_id`` or
-            ``priority``) are ignored.
+            Triton's protocols reserve (``sequence_id``, ``priority``, ...) are ignored.
+        kind: the model kind of the step (``TokenizerConfig.kind``): ``embedding`` or
+            ``sparse``.
 
     Returns:
         The options the request set; the others are ``None`` (server default).
@@ -66,6 +70,8 @@ def parse_request_options(parameters: Mapping[str, Any]) -> RequestOptions:
             names the parameter, the value and the allowed values).
     """
     try:
+        if kind == "sparse":
+            return SparseOptions.from_parameters(parameters).text_options()
         return RequestOptions.from_parameters(parameters)
     except ValueError as exc:
         raise InvalidArgumentError(str(exc)) from None

@@ -42,6 +42,10 @@ the model's ``max_batch_size``, the most elements one ``execute`` call receives:
 * a reranker's ``pair_tokenizer``: inputs ``2 * B * (4 + 4 * max_chars)`` (``QUERY``,
   ``DOCUMENT``); outputs as the tokenizer's plus ``B * 4`` (``SEGMENT_START``);
   ``scorer``: inputs ``B * (4 + 4 * max_length) + B * 4``; outputs ``B * 4`` (``SCORE``).
+* a sparse model's ``sparse_encoder``: inputs ``B * (4 + 4 * max_length)``
+  (``TOKEN_IDS``); outputs ``B * (4 + 8 * vocab_size)`` (``SPARSE``: an int32 index and a
+  float32 weight per non-zero entry, every entry at most; 15.6 MB for 64 texts of a
+  30,522-entry BERT vocabulary). Its tokenizer is the ``tokenizer``.
 * any other Python-backend model: no bound is known; it is counted at the backend's
   default region (1 MiB).
 
@@ -280,7 +284,8 @@ def step_size(
         repository: the model repository.
         gpus: GPUs the server sees (for ``KIND_GPU`` counts).
         kind: which of this project's steps it is (``tokenizer``, ``embedder``,
-            ``pair_tokenizer``, ``scorer``: its ``1/model.py`` adapter); None: by the
+            ``pair_tokenizer``, ``scorer``, ``sparse_encoder``: its ``1/model.py``
+            adapter); None: by the
             shipped names ``tokenizer`` and ``embedder``.
 
     Raises:
@@ -330,6 +335,16 @@ def step_size(
             "SCORE": batch * FLOAT32,
         }
         return StepSize(name, batch, stubs, tensors, tensors["TOKEN_IDS"] + batch * INT32)
+    if kind == "sparse_encoder":
+        from triton_embed_server.steps.sparse_config import SparseEncoderConfig
+
+        sparse = SparseEncoderConfig.from_model_config(config, repository)
+        assert sparse.spec is not None  # noqa: S101 - SparseEncoderConfig always reads it
+        tensors = {
+            "TOKEN_IDS": batch * (LENGTH_PREFIX + INT32 * sparse.max_length),
+            "SPARSE": batch * (LENGTH_PREFIX + (INT32 + FLOAT32) * sparse.spec.vocab_size),
+        }
+        return StepSize(name, batch, stubs, tensors, tensors["TOKEN_IDS"])
     return StepSize(name, batch, stubs, {}, 0)
 
 

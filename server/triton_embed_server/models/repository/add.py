@@ -31,7 +31,9 @@ from triton_embed_server.models.repository.names import (
 from triton_embed_server.models.repository.remove import removable
 from triton_embed_server.models.repository.render import DEVICES, DTYPES, ModelOptions, render
 from triton_embed_server.models.repository.render_reranker import render_reranker
+from triton_embed_server.models.repository.render_sparse import render_sparse
 from triton_embed_server.models.reranker_spec import is_cross_encoder, read_reranker_spec
+from triton_embed_server.models.sparse_spec import is_sparse_encoder, read_sparse_spec
 from triton_embed_server.models.spec import (
     ModelFolderError,
     ModelSpec,
@@ -40,8 +42,11 @@ from triton_embed_server.models.spec import (
 )
 from triton_embed_server.steps.config import MIN_MAX_LENGTH, EmbedderConfig
 from triton_embed_server.steps.rerank_config import ScorerConfig
+from triton_embed_server.steps.sparse_config import SparseEncoderConfig
 from triton_embed_server.steps.vectors import Pooling
 
+#: The model kinds ``repository add --kind`` takes.
+KINDS = ("embedding", "reranker", "sparse")
 #: ``check(folder, spec, dtype, max_length)``: raises ``ValueError`` to refuse a precision.
 AccuracyCheck = Callable[[Path, ModelSpec, str, int], None]
 
@@ -91,8 +96,10 @@ def add_model(
         if value is not None and value < low:
             raise RepositoryError(f"{flag} must be >= {low}, got {value}")
     model_path, folder = _model_folder(options.model)
-    if _kind(options, folder) == "reranker":
-        return _add_reranker(repository, options, model_path, folder, replace)
+    kind = _kind(options, folder)
+    if kind != "embedding":
+        add = _add_reranker if kind == "reranker" else _add_sparse
+        return add(repository, options, model_path, folder, replace)
     try:
         spec = read_model_spec(folder, _overrides(options))
     except ModelFolderError as exc:
@@ -145,24 +152,74 @@ _EMBEDDING_ONLY = {
 
 
 def _kind(options: ModelOptions, folder: Path) -> str:
-    """``embedding`` or ``reranker``: ``--kind``, else what the folder is.
+    """``embedding``, ``reranker`` or ``sparse``: ``--kind``, else what the folder is.
 
     Raises:
-        RepositoryError: an unknown ``--kind``, a cross-encoder asked to embed, or a
-            folder without a readable ``config.json``.
+        RepositoryError: an unknown ``--kind``, a cross-encoder or a sparse model asked to be
+            another kind, or a folder without a readable ``config.json``.
     """
-    if options.kind not in ("", "embedding", "reranker"):
-        raise RepositoryError(f"--kind {options.kind!r} is not one of embedding, reranker")
+    if options.kind not in ("", *KINDS):
+        raise RepositoryError(f"--kind {options.kind!r} is not one of {', '.join(KINDS)}")
     try:
         cross_encoder = is_cross_encoder(folder)
+        sparse = not cross_encoder and is_sparse_encoder(folder)
     except ModelFolderError as exc:
         raise RepositoryError(f"--model {options.model}: {exc}") from None
-    if cross_encoder and options.kind == "embedding":
+    if cross_encoder and options.kind in ("embedding", "sparse"):
         raise RepositoryError(
             f"--model {options.model} is a cross-encoder (*ForSequenceClassification): it "
             "scores pairs and has no embeddings; add it as a reranker (leave --kind out)"
         )
-    return "reranker" if cross_encoder or options.kind == "reranker" else "embedding"
+    if sparse and options.kind in ("embedding", "reranker"):
+        raise RepositoryError(
+            f"--model {options.model} is a sparse model (SPLADE: a SpladePooling module, or "
+            "a *ForMaskedLM checkpoint): its output is one weight per vocabulary entry; add "
+            "it as a sparse model (leave --kind out; docs/sparse.md)"
+        )
+    if cross_encoder or options.kind == "reranker":
+        return "reranker"
+    return "sparse" if sparse or options.kind == "sparse" else "embedding"
+
+
+def _refuse_embedding_flags(options: ModelOptions, kind: str, doc: str) -> None:
+    """Refuse the flags of embedding models only, and a reduced precision on ``cpu``.
+
+    Raises:
+        RepositoryError: an embedding-only flag, or ``--dtype`` other than float32 on
+            ``cpu`` (the accuracy gate measures embeddings only).
+    """
+    defaults = ModelOptions(name=options.name, model=options.model)
+    for field_name, flag in _EMBEDDING_ONLY.items():
+        if getattr(options, field_name) != getattr(defaults, field_name):
+            raise RepositoryError(
+                f"{flag} is for embedding models; {options.model} is a {kind} ({doc})"
+            )
+    if options.device == "cpu" and options.dtype not in ("", "float32"):
+        raise RepositoryError(
+            f"--dtype {options.dtype} on cpu is not offered for {kind}s yet (the accuracy "
+            "gate measures embeddings); leave --dtype out for float32"
+        )
+
+
+def _write(
+    repository: Path, name: str, kind: str, files: dict[str, bytes], replace: bool
+) -> list[Path]:
+    """Install a model's rendered files (steps first), precompile its steps.
+
+    Returns:
+        The model folders written: the ensemble, its tokenizer step, its engine step.
+
+    Raises:
+        RepositoryError: as :func:`_check_free`.
+        OSError: the repository cannot be written.
+    """
+    tokenizer, engine = step_names(name, kind)
+    replaced = _check_free(repository, name, replace, kind)
+    repository.mkdir(parents=True, exist_ok=True)
+    _install(repository, files, [tokenizer, engine, name], replaced)
+    for step in (tokenizer, engine):
+        precompile(repository / step)
+    return [repository / name, repository / tokenizer, repository / engine]
 
 
 def _add_reranker(
@@ -174,26 +231,12 @@ def _add_reranker(
         RepositoryError: an embedding-only flag, a reduced precision on ``cpu`` (not gated
             for rerankers), or a folder that is no reranker (names the file).
     """
-    defaults = ModelOptions(name=options.name, model=options.model)
-    for field_name, flag in _EMBEDDING_ONLY.items():
-        if getattr(options, field_name) != getattr(defaults, field_name):
-            raise RepositoryError(
-                f"{flag} is for embedding models; {options.model} is a reranker (docs/rerank.md)"
-            )
-    if options.device == "cpu" and options.dtype not in ("", "float32"):
-        raise RepositoryError(
-            f"--dtype {options.dtype} on cpu is not offered for rerankers yet (the accuracy "
-            "gate measures embeddings); leave --dtype out for float32"
-        )
+    _refuse_embedding_flags(options, "reranker", "docs/rerank.md")
     try:
         spec = read_reranker_spec(folder, decoder=not is_cross_encoder(folder))
     except ModelFolderError as exc:
         raise RepositoryError(f"--model {options.model}: {exc}") from None
-    if options.max_length > spec.max_length or 0 < options.max_length < MIN_MAX_LENGTH:
-        raise RepositoryError(
-            f"--max-length {options.max_length} must be in [{MIN_MAX_LENGTH}, "
-            f"{spec.max_length}] (the model's own limit, {folder}); or 0 for the model's own"
-        )
+    _check_max_length(options, spec.max_length, folder)
     files = render_reranker(
         options,
         model_path,
@@ -202,14 +245,46 @@ def _add_reranker(
         resolved_max_length=options.max_length or spec.max_length,
         kv_cache_bytes=functools.partial(_kv_cache_bytes, config=ScorerConfig),
     )
-    name = options.name
-    tokenizer, scorer = step_names(name, "reranker")
-    replaced = _check_free(repository, name, replace, "reranker")
-    repository.mkdir(parents=True, exist_ok=True)
-    _install(repository, files, [tokenizer, scorer, name], replaced)
-    for step in (tokenizer, scorer):
-        precompile(repository / step)
-    return [repository / name, repository / tokenizer, repository / scorer]
+    return _write(repository, options.name, "reranker", files, replace)
+
+
+def _add_sparse(
+    repository: Path, options: ModelOptions, model_path: str, folder: Path, replace: bool
+) -> list[Path]:
+    """Write a sparse model's three models (``add_model`` for a SPLADE folder).
+
+    Raises:
+        RepositoryError: an embedding-only flag, a reduced precision on ``cpu`` (not gated
+            for sparse models), or a folder that is no sparse model served (names the file).
+    """
+    _refuse_embedding_flags(options, "sparse model", "docs/sparse.md")
+    try:
+        spec = read_sparse_spec(folder)
+    except ModelFolderError as exc:
+        raise RepositoryError(f"--model {options.model}: {exc}") from None
+    _check_max_length(options, spec.max_length, folder)
+    files = render_sparse(
+        options,
+        model_path,
+        spec,
+        served_model_name=options.served_model_name or _served_name(folder),
+        resolved_max_length=options.max_length or spec.max_length,
+        kv_cache_bytes=functools.partial(_kv_cache_bytes, config=SparseEncoderConfig),
+    )
+    return _write(repository, options.name, "sparse", files, replace)
+
+
+def _check_max_length(options: ModelOptions, own: int, folder: Path) -> None:
+    """Refuse a ``--max-length`` outside ``[MIN_MAX_LENGTH, own]`` (0: the model's own).
+
+    Raises:
+        RepositoryError: names the range and the folder.
+    """
+    if options.max_length > own or 0 < options.max_length < MIN_MAX_LENGTH:
+        raise RepositoryError(
+            f"--max-length {options.max_length} must be in [{MIN_MAX_LENGTH}, "
+            f"{own}] (the model's own limit, {folder}); or 0 for the model's own"
+        )
 
 
 def _overrides(options: ModelOptions) -> SpecParameters:

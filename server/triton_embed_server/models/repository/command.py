@@ -37,13 +37,17 @@ actions and their flags:
   add     --repository DIR --model PATH --name NAME [--instances N] [--device cpu|gpu]
           [--max-length N] [--pooling mean|cls|lasttoken] [--normalize | --no-normalize]
           [--dimensions any|LIST] [--max-chunks N] [--served-model-name NAME] [--replace]
-          [--dtype float32|bfloat16|float16] [--accept-accuracy] [--kind embedding|reranker]
+          [--dtype float32|bfloat16|float16] [--accept-accuracy]
+          [--kind embedding|reranker|sparse]
           write the ensemble NAME and its steps NAME_tokenizer and NAME_embedder (the
           ensemble embed keeps the steps tokenizer and embedder) from the model folder PATH;
           a reranker (a cross-encoder folder, or a causal LM with --kind reranker) gets the
-          steps NAME_tokenizer and NAME_scorer (docs/rerank.md)
+          steps NAME_tokenizer and NAME_scorer (docs/rerank.md); a sparse model (a SPLADE
+          SparseEncoder folder or *ForMaskedLM checkpoint) NAME_tokenizer and
+          NAME_sparse_encoder (docs/sparse.md)
   list    --repository DIR [--json]
-          the embedding models and rerankers of the repository and what their folders say
+          the embedding, reranker and sparse models of the repository and what their
+          folders say
   remove  --repository DIR --name NAME [--url HOST:PORT]
           delete the ensemble NAME and its two steps; with --url, unload it first
   load    --name NAME [--url HOST:PORT]    (or: load NAME)
@@ -156,10 +160,11 @@ def add_repository_args(r: argparse.ArgumentParser) -> None:
     )
     r.add_argument(
         "--kind",
-        choices=("embedding", "reranker"),
+        choices=("embedding", "reranker", "sparse"),
         help="add: what the model is (default: a *ForSequenceClassification folder is a "
-        "reranker, anything else an embedding model); reranker on a causal LM of the "
-        "Qwen3-Reranker kind serves it as a decoder reranker",
+        "reranker, a SPLADE folder (SpladePooling, or *ForMaskedLM) a sparse model, anything "
+        "else an embedding model); reranker on a causal LM of the Qwen3-Reranker kind serves "
+        "it as a decoder reranker",
     )
     r.add_argument(
         "--accept-accuracy",

@@ -1,7 +1,8 @@
-"""Which folders of a model repository are the models of an embedding model or reranker of ours.
+"""Which folders of a model repository are the models of an embedding, reranker or sparse model.
 
-An ensemble is ours when its two steps are a tokenizer and an embedder (an embedding model)
-or a pair tokenizer and a scorer (a reranker) whose ``1/model.py`` imports this package's
+An ensemble is ours when its two steps are a tokenizer and an embedder (an embedding model),
+a pair tokenizer and a scorer (a reranker) or a tokenizer and a sparse encoder (a sparse
+model) whose ``1/model.py`` imports this package's
 adapter (``from triton_embed_server.steps.adapters.<step> import
 TritonPythonModel``, as the template writes it). Configs are read with
 :func:`~triton_embed_server.models.instance_group.read_config_pbtxt` (protobuf text format).
@@ -16,13 +17,18 @@ from triton_embed_server.models.instance_group import read_config_pbtxt
 from triton_embed_server.models.repository.names import RepositoryError
 
 #: Model kind -> the adapters of its two steps, in ensemble order.
-KIND_STEPS = {"embedding": ("tokenizer", "embedder"), "reranker": ("pair_tokenizer", "scorer")}
+KIND_STEPS = {
+    "embedding": ("tokenizer", "embedder"),
+    "reranker": ("pair_tokenizer", "scorer"),
+    "sparse": ("tokenizer", "sparse_encoder"),
+}
 
 #: Prefix of the temporary folders that ``add`` and ``remove`` make inside a repository.
 TEMP_PREFIX = ".triton-embed-"
 # The line of a step's model.py that makes it one of ours, and which step it is.
 _ADAPTER_IMPORT = re.compile(
-    r"^from triton_embed_server\.steps\.adapters\.(tokenizer|embedder|pair_tokenizer|scorer) "
+    r"^from triton_embed_server\.steps\.adapters\."
+    r"(tokenizer|embedder|pair_tokenizer|scorer|sparse_encoder) "
     r"import TritonPythonModel\b",
     re.M,
 )
@@ -65,8 +71,8 @@ def step_kind(folder: Path) -> str | None:
 def our_steps(repository: Path, name: str, steps: list[str]) -> tuple[str, str, str]:
     """``(kind, tokenizer step, engine step)`` of the ensemble ``name`` whose steps are ``steps``.
 
-    ``kind`` is ``embedding`` (a tokenizer and an embedder) or ``reranker`` (a pair tokenizer
-    and a scorer), :data:`KIND_STEPS`.
+    ``kind`` is ``embedding`` (a tokenizer and an embedder), ``reranker`` (a pair tokenizer
+    and a scorer) or ``sparse`` (a tokenizer and a sparse encoder), :data:`KIND_STEPS`.
 
     Raises:
         RepositoryError: the steps are not the two steps of one kind of this project.
@@ -78,5 +84,6 @@ def our_steps(repository: Path, name: str, steps: list[str]) -> tuple[str, str, 
     raise RepositoryError(
         f"{repository / name} is not a model of triton-embed: its steps "
         f"({', '.join(steps) or 'none'}) are not a tokenizer and an embedder (or a pair "
-        "tokenizer and a scorer) whose 1/model.py imports triton_embed_server.steps.adapters"
+        "tokenizer and a scorer, or a tokenizer and a sparse encoder) whose 1/model.py "
+        "imports triton_embed_server.steps.adapters"
     )

@@ -12,12 +12,17 @@ from triton_embed_server.models.instance_group import (
     read_config_pbtxt,
 )
 from triton_embed_server.models.model_files import resolve_model_path
-from triton_embed_server.models.model_spec import quantization_of, read_model_spec
-from triton_embed_server.models.repository.layout import ensembles, our_steps
+from triton_embed_server.models.model_spec import (
+    quantization_of,
+    read_model_spec,
+    read_prompt_spec,
+)
+from triton_embed_server.models.repository.layout import KIND_STEPS, ensembles, our_steps
 from triton_embed_server.models.repository.names import RepositoryError, step_names
 from triton_embed_server.models.spec import SpecParameters
 from triton_embed_server.steps.config import EmbedderConfig, model_parameters
 from triton_embed_server.steps.rerank_config import ScorerConfig
+from triton_embed_server.steps.sparse_config import SparseEncoderConfig
 
 
 @dataclass(frozen=True)
@@ -27,7 +32,7 @@ class ListedModel:
     Attributes:
         name: the ensemble.
         steps: its step models, tokenizer first when known.
-        kind: ``embedding`` or ``reranker``.
+        kind: ``embedding``, ``reranker`` or ``sparse``.
         model_path: the ``model_path`` parameter as written (``None`` when unreadable).
         device: ``cpu`` or ``gpu``: the kind of the embedder's ``instance_group``.
         instances: embedder instances (per GPU on ``gpu``).
@@ -39,7 +44,10 @@ class ListedModel:
         spec: :meth:`~triton_embed_server.models.spec.ModelSpec.describe` of the folder, plus
             ``allowed_dimensions`` (in words); a reranker's: its family, architecture,
             activation and segments (:meth:`~triton_embed_server.models.reranker_spec.
-            RerankerSpec.parameters`).
+            RerankerSpec.parameters`); a sparse model's: its architecture, pooling,
+            vocabulary, default top-k and token budget
+            (:meth:`~triton_embed_server.models.sparse_spec.SparseSpec.parameters`), plus
+            its ``prompts`` (names).
         error: why the model cannot be served as it stands, or ``None``.
     """
 
@@ -80,7 +88,7 @@ def list_models(repository: Path) -> list[ListedModel]:
         try:
             kind, tokenizer, embedder = our_steps(repository, name, steps)
         except RepositoryError as exc:
-            if tuple(steps) in (step_names(name), step_names(name, "reranker")):
+            if tuple(steps) in {step_names(name, kind) for kind in KIND_STEPS}:
                 out.append(ListedModel(name=name, steps=tuple(steps), error=str(exc)))
             continue
         out.append(_describe(repository, name, kind, tokenizer, embedder))
@@ -123,6 +131,20 @@ def _describe(repository: Path, name: str, kind: str, tokenizer: str, embedder: 
             quantization=quantization_of(folder),
             max_length=config.max_length,
             spec=spec.parameters(),
+        )
+    if kind == "sparse":
+        try:
+            folder = resolve_model_path(params.get("model_path", ""), repository)
+            config = SparseEncoderConfig.from_model_config(emb, repository)
+            prompts = read_prompt_spec(folder).prompts
+        except (OSError, ValueError) as exc:
+            return _with(listed, error=str(exc))
+        assert config.spec is not None  # noqa: S101 - SparseEncoderConfig always reads it
+        return _with(
+            listed,
+            quantization=quantization_of(folder),
+            max_length=config.max_length,
+            spec={**config.spec.parameters(), "prompts": sorted(prompts)},
         )
     try:
         folder = resolve_model_path(params.get("model_path", ""), repository)
@@ -174,6 +196,14 @@ def format_table(models: list[ListedModel]) -> str:
             family = f"{s['family']} ({s['activation']})"
             rows.append(
                 (*common, "-", family, "-", "-", str(m.max_length), "-", steps, str(m.model_path))
+            )
+            continue
+        if m.kind == "sparse":
+            pooling = f"splade {s['splade_pooling']}"
+            prompts = ",".join(s["prompts"]) or "-"
+            rows.append(
+                (*common, s["vocab_size"], pooling, "-", "-", str(m.max_length), prompts, steps)
+                + (str(m.model_path),)
             )
             continue
         dims = s["dimensions"]

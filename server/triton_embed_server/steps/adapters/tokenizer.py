@@ -32,7 +32,7 @@ class TritonPythonModel:
         pb_utils.Logger.log_info(
             f"tokenizer {args['model_instance_name']}: {self.config.model_path.name}, "
             f"max_length={self.config.max_length}, truncation={self.config.truncation.value}, "
-            f"max_request_tokens={self.config.max_request_tokens}"
+            f"max_request_tokens={self.config.max_request_tokens}, kind={self.config.kind}"
         )
 
     def execute(self, requests):
@@ -47,7 +47,9 @@ class TritonPythonModel:
         for r, request in enumerate(requests):
             texts = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy().reshape(-1)
             try:
-                options = parse_request_options(json.loads(request.parameters() or "{}"))
+                options = parse_request_options(
+                    json.loads(request.parameters() or "{}"), self.config.kind
+                )
             except EmbedServingError as exc:
                 option_errors[r] = exc
                 text_requests.append(TextRequest(texts=[]))  # answered with the error below

@@ -22,6 +22,7 @@ sets are not a matter of rounding.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
 
@@ -49,8 +50,8 @@ ATOL = 5e-5
 EDGE = 1e-4
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=600)
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr
     return proc
 
@@ -254,3 +255,78 @@ def test_the_sparse_step_refuses_bad_token_ids_sent_to_it_directly(client):
     tensor.set_data_from_numpy(ids)
     with pytest.raises(InferenceServerException, match="outside the vocabulary"):
         client.infer("splade_sparse_encoder", [tensor])
+
+
+# ---- the client library, the gateway and the bulk job, against the real server -------------
+
+API_KEY = "sparse-gateway-key-5c1e"
+
+
+@pytest.fixture(scope="module")
+def gateway(server):
+    from triton_embed_server.run.launcher import Gateway
+
+    with Gateway([server.grpc_url], server.admin_key, api_key=API_KEY, model="splade") as gw:
+        yield gw
+
+
+def test_the_client_library_encodes_as_sparse_encoder(server, folders):
+    from triton_embed import EmbeddingClient
+
+    texts = sample_texts() * 7  # 70 texts: more than one request of the ensemble's 64
+    with EmbeddingClient(server.grpc_url, admin_key=server.admin_key, model="splade") as c:
+        result = c.embed_sparse(texts, top_k=20)
+    reference = splade_reference(folders["splade"], texts)
+    assert_matches(list(zip(result.indices, result.weights, strict=True)), reference, top_k=20)
+    assert len(result.latencies_s) == 2
+
+
+def test_the_gateway_answers_teis_embed_sparse_and_refuses_the_dense_routes(gateway, folders):
+    import requests
+
+    texts = sample_texts()[:4]
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    r = requests.post(
+        f"{gateway.base_url}/embed_sparse",
+        json={"inputs": texts, "threshold": 0.01, "model": "splade"},
+        headers=headers,
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    got = [
+        (np.array([e["index"] for e in v], np.int32), np.array([e["value"] for e in v], np.float32))
+        for v in r.json()
+    ]
+    assert_matches(got, splade_reference(folders["splade"], texts), threshold=0.01)
+    r = requests.post(
+        f"{gateway.base_url}/v1/embeddings",
+        json={"input": texts, "model": "splade"},
+        headers=headers,
+        timeout=60,
+    )
+    assert r.status_code == 400 and r.json()["error"]["code"] == "wrong_model_kind"
+    assert "POST /embed_sparse" in r.json()["error"]["message"]
+    models = requests.get(f"{gateway.base_url}/v1/models", headers=headers, timeout=60).json()
+    assert {m["id"]: m["kind"] for m in models["data"]}["splade"] == "sparse"
+
+
+def test_the_bulk_job_writes_sparse_shards_that_verify(server, folders, tmp_path):
+    import pyarrow.parquet as pq
+
+    texts = sample_texts()
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts)))
+    out = tmp_path / "shards"
+    env = {**os.environ, "TRITON_EMBED_ADMIN_KEY": server.admin_key}  # the configs are read
+    cli("embed", str(corpus), "-o", str(out), "--url", server.grpc_url, "--model", "splade",
+        "--top-k", "16", "--shard-rows", "4", env=env)  # fmt: skip
+    cli("verify", str(out))
+    table = pq.read_table(out).sort_by("id")
+    got = [
+        (
+            np.array([e["index"] for e in row], np.int32),
+            np.array([e["value"] for e in row], np.float32),
+        )
+        for row in table.column("sparse").to_pylist()
+    ]
+    assert_matches(got, splade_reference(folders["splade"], texts), top_k=16)

@@ -120,7 +120,7 @@ def test_add_writes_the_kv_cache_budget_of_a_decoder(capsys, tmp_path, monkeypat
     def kv(path: Path) -> str:
         return read_config_pbtxt(path)["parameters"]["kv_cache_bytes"]["string_value"]
 
-    # 2 layers x 1 KV head x 64 x 2 (K, V): CPU float32 4 bytes, 382 blocks (T 16,384, S 256);
+    # 2 layers x 1 KV head x 64 x 2 (K, V): CPU float32 4 bytes, 286 blocks (T 4,096, S 256);
     # GPU float16 2 bytes, 1,024 + floor((65,536 - 1,024) / 128) = 1,528 blocks
-    assert kv(repo / "qwen_embedder" / "config.pbtxt") == str(382 * 128 * 2 * 64 * 2 * 4)
+    assert kv(repo / "qwen_embedder" / "config.pbtxt") == str(286 * 128 * 2 * 64 * 2 * 4)
     assert kv(repo / "qwen_embedder" / "configs" / "gpu.pbtxt") == str(1528 * 128 * 2 * 64 * 2 * 2)

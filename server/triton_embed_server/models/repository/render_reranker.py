@@ -17,7 +17,11 @@ from importlib import resources
 
 from triton_embed_server.models.repository.copies import edit_text
 from triton_embed_server.models.repository.names import step_names
-from triton_embed_server.models.repository.render import DEFAULT_INSTANCES, ModelOptions
+from triton_embed_server.models.repository.render import (
+    CPU_STEP_TOKENS,
+    DEFAULT_INSTANCES,
+    ModelOptions,
+)
 from triton_embed_server.models.reranker_spec import RerankerSpec
 
 #: The reranker templates, package data of this package.
@@ -38,7 +42,7 @@ def _template(file: str, name: str) -> str:
 
 
 #: The scorer templates' ``max_num_batched_tokens`` per device (tokens per engine step).
-SCORER_STEP_TOKENS = {"cpu": 4096, "gpu": 16384}
+SCORER_STEP_TOKENS = {"cpu": CPU_STEP_TOKENS, "gpu": 16384}
 
 
 def render_reranker(

@@ -29,10 +29,10 @@ import numpy as np
 
 from triton_embed.errors import InvalidInputError
 from triton_embed.rerank_options import PairOptions, PairTruncation
-from triton_embed.retry import RetryPolicy
 from triton_embed.transport.calls import (
     CallGroup,
     Channel,
+    ClientPart,
     PairsRequest,
     as_bytes,
     send_all,
@@ -157,24 +157,8 @@ def check_query(query: Any) -> bytes:
     return payload
 
 
-class Reranking:
-    """The rerank methods of :class:`~triton_embed.client.EmbeddingClient` (a mixin).
-
-    It uses the client's server (``url``, channel), ``model``, ``timeout_s``,
-    ``max_concurrency``, ``batch_size`` and ``retry``.
-    """
-
-    model: str
-    url: str
-    timeout_s: float
-    max_concurrency: int
-    retry: RetryPolicy
-    _client: Any
-    _grpc: Any
-    #: Pairs per request to a model (its ``max_batch_size``, capped ``batch_size``).
-    _batch_size: Callable[[str], int]
-    #: Refuses a model of the other kind (when its config could be read).
-    _check_kind: Callable[[str, ModelKind], None]
+class Reranking(ClientPart):
+    """The rerank methods of :class:`~triton_embed.client.EmbeddingClient` (a mixin)."""
 
     def rerank(
         self,

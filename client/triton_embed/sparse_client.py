@@ -8,17 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from triton_embed.errors import InvalidInputError
 from triton_embed.options import Truncation
-from triton_embed.retry import RetryPolicy
 from triton_embed.sparse_options import SparseOptions
 from triton_embed.transport.calls import (
     CallGroup,
     Channel,
+    ClientPart,
     PairsRequest,
     as_bytes,
     send_all,
@@ -59,22 +58,8 @@ class SparseResult:
         return out
 
 
-class SparseEmbedding:
-    """The ``embed_sparse`` methods of :class:`~triton_embed.client.EmbeddingClient` (a mixin).
-
-    It uses the client's server (``url``, channel), ``model``, ``timeout_s``,
-    ``max_concurrency``, ``batch_size`` and ``retry``.
-    """
-
-    model: str
-    url: str
-    timeout_s: float
-    max_concurrency: int
-    retry: RetryPolicy
-    _client: Any
-    _grpc: Any
-    _batch_size: Callable[[str], int]
-    _check_kind: Callable[[str, ModelKind], None]
+class SparseEmbedding(ClientPart):
+    """The ``embed_sparse`` method of :class:`~triton_embed.client.EmbeddingClient` (a mixin)."""
 
     def embed_sparse(
         self,

@@ -402,3 +402,23 @@ class ChannelOwner:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class ClientPart:
+    """What a mixin of :class:`~triton_embed.client.EmbeddingClient` uses of the client.
+
+    Its server (``url``, ``_client``, ``_grpc``), ``model``, ``timeout_s``,
+    ``max_concurrency``, ``retry``, and two of its methods.
+    """
+
+    model: str
+    url: str
+    timeout_s: float
+    max_concurrency: int
+    retry: RetryPolicy
+    _client: Any
+    _grpc: Any
+    #: Items per request to a model (its ``max_batch_size``, capped ``batch_size``).
+    _batch_size: Callable[[str], int]
+    #: Refuses a model of another kind (when its config could be read).
+    _check_kind: Callable[[str, Any], None]

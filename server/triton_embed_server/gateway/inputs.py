@@ -19,7 +19,7 @@ request is built (:mod:`triton_embed.transport.inference`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from triton_embed.options import (
     DIMENSIONS,
@@ -28,10 +28,14 @@ from triton_embed.options import (
     Truncation,
     parse_input_type,
 )
+from triton_embed.transport import inference
 from triton_embed.transport.catalog import ModelInfo
 from triton_embed.transport.inference import MAX_INPUTS
 
 from triton_embed_server.gateway.errors import BadRequest, EmptyInput, TooLarge, quote
+
+if TYPE_CHECKING:
+    from triton_embed_server.gateway.app import Gateway, RequestState
 
 #: The largest token ID int32 can carry.
 MAX_TOKEN_ID = 2**31 - 1
@@ -272,3 +276,42 @@ def request_options(
         if model is not None:
             dimensions = _model_dimensions(dimensions, model, dimensions_field)
     return RequestOptions(truncation=truncation, input_type=input_type, dimensions=dimensions)
+
+
+async def embed_inputs(
+    gateway: Gateway,
+    state: RequestState,
+    model: ModelInfo,
+    inputs: Inputs,
+    options: Any,
+    field: str,
+    text_options: RequestOptions | None = None,
+) -> inference.Embeddings:
+    """Embed a request's texts (merged with others) or token IDs with ``model``; count them.
+
+    Args:
+        gateway: the gateway (its pool, merger and token budget).
+        state: the request's state: its model, inputs and tokens are recorded there.
+        model: the ensemble (dense or sparse).
+        inputs: the request's texts or token-ID lists.
+        options: the request options sent upstream.
+        field: the request field of the inputs, for messages.
+        text_options: the options that bound the tokens (``truncation``); default
+            ``options``.
+
+    Raises:
+        BadRequest: an empty text the model does not embed.
+        TransportError: a piece failed, or the inputs are over the token budget.
+    """
+    state.model = model.name
+    check_not_empty(inputs, model, field)
+    budget = gateway.token_budget(model, text_options or options, field)
+    if inputs.texts is not None:
+        result = await gateway.merger.embed_texts(model, inputs.texts, options, budget)
+    else:
+        result = await inference.embed_token_ids(
+            gateway.pool, model, inputs.token_ids or [], options, budget
+        )
+    state.inputs = len(inputs)
+    state.tokens = int(result.num_tokens.sum())
+    return result

@@ -47,7 +47,7 @@ from triton_embed.transport.catalog import ModelInfo, ModelKind
 from triton_embed_server.gateway.errors import BadRequest, quote
 from triton_embed_server.gateway.inputs import (
     Inputs,
-    check_not_empty,
+    embed_inputs,
     parse_inputs,
     request_options,
 )
@@ -199,19 +199,7 @@ async def embeddings(gateway: Gateway, request: Request, state: RequestState) ->
         state.body, lambda name: gateway.model(name, ModelKind.EMBEDDING)
     )
     model = parsed.info or gateway.model(parsed.model, ModelKind.EMBEDDING)
-    state.model = model.name
-    check_not_empty(parsed.inputs, model, "input")
-    budget = gateway.token_budget(model, parsed.options, "input")
-    if parsed.inputs.texts is not None:
-        result = await gateway.merger.embed_texts(
-            model, parsed.inputs.texts, parsed.options, budget
-        )
-    else:
-        result = await inference.embed_token_ids(
-            gateway.pool, model, parsed.inputs.token_ids or [], parsed.options, budget
-        )
-    state.inputs = len(parsed.inputs)
-    state.tokens = int(result.num_tokens.sum())
+    result = await embed_inputs(gateway, state, model, parsed.inputs, parsed.options, "input")
     return Response(
         render_embeddings(parsed.model, result, parsed.encoding_format), media_type=JSON
     )

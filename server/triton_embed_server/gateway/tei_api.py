@@ -63,6 +63,7 @@ from triton_embed_server.gateway.inputs import (
     FORMS,
     Inputs,
     check_not_empty,
+    embed_inputs,
     parse_inputs,
     request_options,
 )
@@ -201,17 +202,9 @@ async def embed_sparse(gateway: Gateway, request: Request, state: RequestState) 
     """``POST /embed_sparse``: TEI's sparse embeddings, ``[[{"index", "value"}, ...], ...]``."""
     inputs, options, name = parse_sparse_request(state.body)
     model = gateway.sparse_model(name)
-    state.model = model.name
-    check_not_empty(inputs, model, "inputs")
-    budget = gateway.token_budget(model, options.text_options(), "inputs")
-    if inputs.texts is not None:
-        result = await gateway.merger.embed_texts(model, inputs.texts, options, budget)
-    else:
-        result = await inference.embed_token_ids(
-            gateway.pool, model, inputs.token_ids or [], options, budget
-        )
-    state.inputs = len(inputs)
-    state.tokens = int(result.num_tokens.sum())
+    result = await embed_inputs(
+        gateway, state, model, inputs, options, "inputs", options.text_options()
+    )
     try:
         vectors = result.sparse()
     except ValueError as exc:
@@ -233,18 +226,8 @@ def l2_normalized(matrix: np.ndarray) -> np.ndarray:
 async def embed(gateway: Gateway, request: Request, state: RequestState) -> Response:
     """``POST /embed`` (also ``POST /`` and ``POST /invocations``, as TEI routes them)."""
     model = gateway.model(gateway.default_model, ModelKind.EMBEDDING)
-    state.model = model.name
     inputs, options, normalize = parse_embed_request(state.body, model)
-    check_not_empty(inputs, model, "inputs")
-    budget = gateway.token_budget(model, options, "inputs")
-    if inputs.texts is not None:
-        result = await gateway.merger.embed_texts(model, inputs.texts, options, budget)
-    else:
-        result = await inference.embed_token_ids(
-            gateway.pool, model, inputs.token_ids or [], options, budget
-        )
-    state.inputs = len(inputs)
-    state.tokens = int(result.num_tokens.sum())
+    result = await embed_inputs(gateway, state, model, inputs, options, "inputs")
     matrix = result.matrix()
     if normalize:
         matrix = l2_normalized(matrix)

@@ -65,7 +65,8 @@ def test_keep_float_auto_gives_the_shipped_model_a_copy_that_passes_the_gate(tmp
     """``--keep-float auto`` on all-MiniLM-L6-v2, which fails the gate with every layer int8
     (recall@10 0.929): the copy it writes passes on vLLM's int8 kernels with the engine at the
     dtype it is meant for, keeps fewer layers float than it rounds, and says which.
-    About 4 minutes on 2 cores (the ranking's 25 torch passes, then 1-3 vLLM gates)."""
+    About 2 minutes on a quiet 2-core host (115 s; 4.7 min beside other work): the ranking's
+    24 torch passes and a bisection, then 4 vLLM gates."""
     if int8_note(cpu_flags()) is not None:
         pytest.skip("no int8 dot-product instructions: vLLM's int8 path here is not accurate")
     out = tmp_path / "minilm-int8"

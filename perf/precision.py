@@ -3,15 +3,16 @@
     .venv/bin/python -m perf.precision                    # about 25 min on 2 cores
     .venv/bin/python -m perf.precision --lengths 50 --rounds 1 --seconds 4   # a smoke run
 
-Each precision is served alone, as a user would run it: a tritonserver whose repository holds
-the shipped model once (``repository add --dtype``; int8: the folder ``triton-embed
-quantize`` writes, run at bfloat16 activations around its int8 layers, the fastest engine
-measured). In each round each precision runs in turn, float32 first in odd rounds and last
-in even ones: its server starts, the ensemble is loaded over gRPC through our client library
-(:func:`perf.contenders.triton_client.client_library`, every vector decoded) at each length
-(50 and 256 tokens, the mixed corpus) and point (:data:`POINTS`; one text at concurrency 1
-gives the latency row), the server stops, and the in-process vLLM engine runs on token IDs
-in our layout (one engine per core, summed: :func:`perf.contenders.engine.engine_ceiling`).
+Each precision is served alone, as a user would run it: a tritonserver whose repository
+holds the shipped model once (``repository add --dtype``; int8: the folder ``triton-embed
+quantize --keep-float auto`` writes, gated and run at bfloat16 activations around its int8
+layers, the fastest engine measured). In each round each precision runs in turn, float32
+first in odd rounds and last in even ones: its server starts, the ensemble is loaded over
+gRPC through our client library (:func:`perf.contenders.triton_client.client_library`, every
+vector decoded) at each length (50 and 256 tokens, the mixed corpus) and point
+(:data:`POINTS`; one text at concurrency 1 gives the latency row), the server stops, and the
+in-process vLLM engine runs on token IDs in our layout (one engine per core, summed:
+:func:`perf.contenders.engine.engine_ceiling`).
 Before the rounds: the accuracy gate of each reduced precision
 (:func:`triton_embed_server.models.accuracy.measure`) and the host's matrix-multiply limit
 (:func:`gemm_limit`: the model's FFN shape, best of 5; int8 by ``torch._int_mm``).
@@ -154,17 +155,15 @@ def host_facts(int8_folder: Path) -> dict:
     """
     from triton_embed_server.models.model_files import resolve_model_path
     from triton_embed_server.models.model_spec import read_model_spec
-    from triton_embed_server.models.quantize import quantize
+    from triton_embed_server.models.quantize import quantize_to_gate
 
     folder = resolve_model_path(MODEL)
     config = json.loads((folder / "config.json").read_text())
     flags = cpu_flags()
     spec = read_model_spec(folder)
-    quantize(folder, int8_folder)
-    gates = [
-        accuracy.measure(folder, spec, "bfloat16", spec.max_length),
-        accuracy.measure(folder, spec, "int8", spec.max_length, candidate=int8_folder),
-    ]
+    # the copy a user makes: the fewest layers float for the gate, gated at the served dtype
+    _, int8_gate = quantize_to_gate(folder, int8_folder, spec, PRECISIONS["int8"])
+    gates = [accuracy.measure(folder, spec, "bfloat16", spec.max_length), int8_gate]
     from sentence_transformers import SentenceTransformer
 
     reference = SentenceTransformer(str(folder), device="cpu")

@@ -210,14 +210,14 @@ def test_the_gate_corpus_is_fixed_real_text():
     assert texts == accuracy.gate_texts()
 
 
-def test_gate_for_add_refuses_unless_accepted(monkeypatch):
+def test_gate_for_add_refuses_unless_accepted(monkeypatch, tmp_path):
     ref = np.random.default_rng(3).standard_normal((40, 8))
     bad = accuracy.compare(ref, -ref, "bfloat16")
     monkeypatch.setattr(accuracy, "measure", lambda *args: bad)
     said = []
     with pytest.raises(ValueError, match="or pass --accept-accuracy to write it anyway$"):
-        accuracy.gate_for_add(False, said.append)(None, None, "bfloat16", 256)
-    accuracy.gate_for_add(True, said.append)(None, None, "bfloat16", 256)
+        accuracy.gate_for_add(False, said.append)(tmp_path, None, "bfloat16", 256)
+    accuracy.gate_for_add(True, said.append)(tmp_path, None, "bfloat16", 256)
     assert said == [bad.describe()] * 2
 
 

@@ -17,13 +17,15 @@ runs the gate before it writes a reduced-precision model (:func:`gate_for_add`).
 from __future__ import annotations
 
 import gc
+import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
+from triton_embed_server.models.model_spec import quantization_of
 from triton_embed_server.models.spec import ModelSpec, SpecParameters
 
 #: Texts of the gate's corpus: enough for a stable 1st percentile (3 texts below it) and a
@@ -181,6 +183,8 @@ def measure(
     max_length: int,
     texts: list[str] | None = None,
     candidate: Path | None = None,
+    candidate_dtype: str = "float32",
+    reference: np.ndarray | None = None,
 ) -> AccuracyReport:
     """Embed the gate's texts at float32 and at ``precision`` with vLLM; :func:`compare` them.
 
@@ -191,15 +195,47 @@ def measure(
         folder: the model folder.
         spec: the model's spec with the operator's overrides.
         precision: the engine ``dtype`` to check (``bfloat16``, ``float16``), or ``int8``
-            for a ``candidate`` folder (run at float32 activations around its int8 layers).
+            for a ``candidate`` folder.
         max_length: token budget per text.
         texts: the corpus; ``None``: :func:`gate_texts`.
         candidate: the folder to run at ``precision`` (a quantized copy of ``folder``);
             ``None``: ``folder`` itself.
+        candidate_dtype: the engine ``dtype`` the ``candidate`` runs at: the activations
+            around its int8 layers and its float layers (``float32`` or ``bfloat16``). Gate
+            an int8 copy at the dtype it will be served at.
+        reference: ``folder``'s float32 vectors of ``texts`` (:func:`reference_vectors`),
+            to reuse across calls; ``None``: computed here.
 
     Raises:
         RuntimeError: an engine failed to start or embed (vLLM's message).
     """
+    base, ids = _engine_inputs(folder, spec, max_length, texts)
+    # Pooled, not normalized: cosine and the neighbours by cosine do not depend on the norm.
+    reference = _embed(base, ids) if reference is None else reference
+    if candidate is not None:
+        got = _embed(replace(base, model_path=Path(candidate), dtype=candidate_dtype), ids)
+    else:
+        got = _embed(replace(base, dtype=precision), ids)
+    return compare(reference, got, precision)
+
+
+def reference_vectors(
+    folder: Path, spec: ModelSpec, max_length: int, texts: list[str] | None = None
+) -> np.ndarray:
+    """``folder``'s float32 vLLM vectors of the gate's texts (pooled): :func:`measure`'s reference.
+
+    Returns:
+        float32 ``[texts, dim]``, not normalized.
+
+    Raises:
+        RuntimeError: the engine failed to start or embed.
+    """
+    base, ids = _engine_inputs(folder, spec, max_length, texts)
+    return _embed(base, ids)
+
+
+def _engine_inputs(folder: Path, spec: ModelSpec, max_length: int, texts: list[str] | None):
+    """The float32 engine config of ``folder`` and the token IDs of the gate's texts."""
     from transformers import AutoTokenizer
 
     from triton_embed_server.steps.config import EmbedderConfig
@@ -213,13 +249,7 @@ def measure(
         spec_parameters=SpecParameters.parse(spec.parameters(), "parameter "),
         max_num_batched_tokens=max(16384, max_length),
     )
-    # Pooled, not normalized: cosine and the neighbours by cosine do not depend on the norm.
-    reference = _embed(base, ids)
-    if candidate is not None:
-        got = _embed(replace(base, model_path=Path(candidate)), ids)
-    else:
-        got = _embed(replace(base, dtype=precision), ids)
-    return compare(reference, got, precision)
+    return base, ids
 
 
 #: vLLM's switch for an engine in this process: without it each engine runs in a child
@@ -247,6 +277,81 @@ def _embed(config, ids: list[list[int]]) -> np.ndarray:
     return out
 
 
+#: The file in an int8 copy (``triton-embed quantize``) that says which engine dtype it was
+#: gated at, and the figures.
+GATE_RECORD = "triton_embed_quantize.json"
+#: Engine dtypes an int8 copy is gated and served at on CPUs (around its int8 layers).
+INT8_DTYPES = ("float32", "bfloat16")
+
+
+def write_gate_record(folder: Path, dtype: str, report: AccuracyReport | None) -> None:
+    """Write :data:`GATE_RECORD` into an int8 copy: the dtype it is meant for, the figures.
+
+    Args:
+        folder: the int8 copy.
+        dtype: the engine dtype the gate ran it at (:data:`INT8_DTYPES`).
+        report: the gate's report; ``None``: not gated (``--no-gate``).
+    """
+    gate = None
+    if report is not None:
+        gate = {**asdict(report), "passed": report.passed}
+    record = {"dtype": dtype, "gate": gate}
+    (Path(folder) / GATE_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def read_gate_record(folder: Path) -> dict | None:
+    """The :data:`GATE_RECORD` of an int8 copy (``dtype``, ``gate``), or ``None`` if absent.
+
+    Raises:
+        ValueError: the file is not a JSON object with a ``dtype`` of :data:`INT8_DTYPES`.
+    """
+    path = Path(folder) / GATE_RECORD
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(record, dict) or record.get("dtype") not in INT8_DTYPES:
+        raise ValueError(f"{path}: no dtype of {', '.join(INT8_DTYPES)}")
+    return record
+
+
+def check_int8_record(folder: Path, dtype: str, accept: bool, say: Callable[[str], None]) -> None:
+    """``repository add``'s check of an int8 copy: gated by ``quantize`` at ``dtype``, passed.
+
+    An int8 copy cannot be gated against itself: ``quantize`` gated it against the float32
+    model at the engine dtype it was made for and wrote :data:`GATE_RECORD`; serving it at
+    another dtype, or a copy that failed, is refused unless ``accept``.
+
+    Raises:
+        ValueError: what is wrong and what to do (not when ``accept``).
+    """
+    record = read_gate_record(folder)
+    if record is None or record["gate"] is None:
+        say(
+            f"note: {folder} is int8 without a gate record ({GATE_RECORD}): its accuracy "
+            "was not measured; triton-embed quantize gates the copies it writes"
+        )
+        return
+    gate, gated = record["gate"], record["dtype"]
+    say(
+        f"int8 copy gated by triton-embed quantize with the engine at {gated}: cosine p1 "
+        f"{gate['cosine_p1']:.5f}, recall@{RECALL_K} {gate['recall_at_10']:.3f}: "
+        f"{'passed' if gate['passed'] else 'FAILED'}"
+    )
+    problem = None
+    if not gate["passed"]:
+        problem = "it failed the accuracy gate (kept with --accept-accuracy)"
+    elif dtype != gated:
+        problem = (
+            f"it passed the gate with the engine at {gated}, not at --dtype {dtype}; "
+            f"quantize again with --dtype {dtype}, or add it at --dtype {gated}"
+        )
+    if problem is not None and not accept:
+        raise ValueError(f"int8 copy {folder}: {problem}; or pass --accept-accuracy")
+
+
 def gate_for_add(
     accept: bool, say: Callable[[str], None]
 ) -> Callable[[Path, ModelSpec, str, int], None]:
@@ -258,10 +363,14 @@ def gate_for_add(
 
     Returns:
         ``check(folder, spec, dtype, max_length)``, raising ``ValueError`` (the report and
-        what to do) when the gate fails and ``accept`` is false.
+        what to do) when the gate fails and ``accept`` is false. An int8 copy is not
+        measured again: :func:`check_int8_record` reads what ``quantize`` measured.
     """
 
     def check(folder: Path, spec: ModelSpec, dtype: str, max_length: int) -> None:
+        if quantization_of(folder) == "int8":
+            check_int8_record(folder, dtype, accept, say)
+            return
         report = measure(folder, spec, dtype, max_length)
         say(report.describe())
         if not report.passed and not accept:

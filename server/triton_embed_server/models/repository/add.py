@@ -12,14 +12,16 @@ Triton 2.51 reloads a model whose folder gained a ``__pycache__`` after loading)
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from triton_embed_server.models.accuracy import read_gate_record
 from triton_embed_server.models.model_files import PACKAGE_SCHEME, resolve_model_path
-from triton_embed_server.models.model_spec import read_model_spec
+from triton_embed_server.models.model_spec import quantization_of, read_model_spec
 from triton_embed_server.models.repository.copies import precompile
 from triton_embed_server.models.repository.layout import TEMP_PREFIX, step_users
 from triton_embed_server.models.repository.names import (
@@ -65,8 +67,11 @@ def add_model(
         replace: overwrite an ensemble of this name written by ``repository add`` (and its
             steps); without it, an existing name is an error.
         accuracy: run before anything is written when ``options.dtype`` is a reduced
-            precision on ``cpu`` (the CLI passes
+            precision on ``cpu``, or the folder is an int8 copy (the CLI passes
             :func:`~triton_embed_server.models.accuracy.gate_for_add`); ``None``: not checked.
+            An int8 copy without ``options.dtype`` is written at the engine dtype
+            ``triton-embed quantize`` gated it at (its
+            :data:`~triton_embed_server.models.accuracy.GATE_RECORD`).
 
     Returns:
         The model folders written: the ensemble, its tokenizer step, its embedder step.
@@ -120,9 +125,13 @@ def add_model(
             "the model's own"
         )
     max_length = options.max_length or spec.max_length
-    if accuracy is not None and options.device == "cpu" and options.dtype not in ("", "float32"):
+    int8 = quantization_of(folder) == "int8"
+    if int8 and not options.dtype and options.device == "cpu":
+        options = dataclasses.replace(options, dtype=_gated_dtype(folder))
+    reduced = options.dtype not in ("", "float32")
+    if accuracy is not None and options.device == "cpu" and (reduced or int8):
         try:
-            accuracy(folder, spec, options.dtype, max_length)
+            accuracy(folder, spec, options.dtype or "float32", max_length)
         except (ValueError, RuntimeError) as exc:
             raise RepositoryError(str(exc)) from None
     files = render(
@@ -140,6 +149,19 @@ def add_model(
     for step in (tokenizer, embedder):
         precompile(repository / step)
     return [repository / name, repository / tokenizer, repository / embedder]
+
+
+def _gated_dtype(folder: Path) -> str:
+    """The engine dtype ``triton-embed quantize`` gated an int8 copy at (``""``: unknown).
+
+    Raises:
+        RepositoryError: the copy's gate record is unreadable.
+    """
+    try:
+        record = read_gate_record(folder)
+    except ValueError as exc:
+        raise RepositoryError(str(exc)) from None
+    return "" if record is None else record["dtype"]
 
 
 #: ``repository add`` flags of embedding models only, by ``ModelOptions`` field.

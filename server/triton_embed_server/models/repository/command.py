@@ -155,8 +155,9 @@ def add_repository_args(r: argparse.ArgumentParser) -> None:
         "--dtype",
         choices=sorted({d for ds in DTYPES.values() for d in ds}),
         help="add: the engine's precision (cpu: float32 or bfloat16; gpu: float16, bfloat16 "
-        "or float32; default: float32 on cpu, float16 on gpu). A reduced precision on cpu is "
-        "checked against float32 on real text first (the accuracy gate; docs/precision.md)",
+        "or float32; default: float32 on cpu, float16 on gpu; an int8 copy: the dtype "
+        "triton-embed quantize gated it at). A reduced precision on cpu is checked against "
+        "float32 on real text first (the accuracy gate; docs/precision.md)",
     )
     r.add_argument(
         "--kind",

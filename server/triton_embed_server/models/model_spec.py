@@ -111,6 +111,37 @@ def read_json(path: Path, need: Need, kind: type = dict) -> Any:
     return value
 
 
+def architectures(config: dict[str, Any]) -> list[str]:
+    """The ``architectures`` a ``config.json`` names (``[]`` when absent or not a list)."""
+    found = config.get("architectures") or []
+    return [str(a) for a in found] if isinstance(found, list) else []
+
+
+def require_fast_tokenizer(path: Path) -> None:
+    """Refuse a model folder without ``tokenizer.json``: every tokenizer step needs one.
+
+    Raises:
+        ModelFolderError: names the file and how to write it.
+    """
+    if not (Path(path) / "tokenizer.json").is_file():
+        raise ModelFolderError(
+            f"{Path(path) / 'tokenizer.json'}: missing; the tokenizer step needs a fast "
+            "tokenizer (save it with transformers' AutoTokenizer.save_pretrained)"
+        )
+
+
+def module_kinds(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """``(class name, module entry)`` of each ``modules.json`` entry; ``[]`` without one.
+
+    Raises:
+        ModelFolderError: ``modules.json`` is there and is not a list of objects.
+    """
+    value = read_json(Path(path) / "modules.json", Need.OPTIONAL, list)
+    if not all(isinstance(m, dict) for m in value):
+        raise ModelFolderError(f"{Path(path) / 'modules.json'}: expected a list of module objects")
+    return [(str(m.get("type", "")).rsplit(".", 1)[-1], m) for m in value]
+
+
 def read_model_spec(
     path: Path,
     given: SpecParameters | None = None,

@@ -29,7 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from triton_embed_server.models.model_spec import Need, model_max_length, read_json
+from triton_embed_server.models.model_spec import (
+    Need,
+    architectures,
+    model_max_length,
+    read_json,
+    require_fast_tokenizer,
+)
 from triton_embed_server.models.spec import ModelFolderError
 
 #: The architecture suffix of a cross-encoder's ``config.json``.
@@ -158,11 +164,6 @@ def decoder_hf_overrides(architecture: str) -> dict[str, Any]:
     }
 
 
-def _architectures(config: dict[str, Any]) -> list[str]:
-    found = config.get("architectures") or []
-    return [str(a) for a in found] if isinstance(found, list) else []
-
-
 def is_cross_encoder(path: Path) -> bool:
     """Whether ``path/config.json`` names a ``*ForSequenceClassification`` architecture.
 
@@ -170,7 +171,7 @@ def is_cross_encoder(path: Path) -> bool:
         ModelFolderError: ``config.json`` is missing or not a JSON object.
     """
     config = read_json(Path(path) / "config.json", Need.REQUIRED)
-    return any(a.endswith(CLASSIFIER_SUFFIX) for a in _architectures(config))
+    return any(a.endswith(CLASSIFIER_SUFFIX) for a in architectures(config))
 
 
 def _num_labels(config: dict[str, Any]) -> int:
@@ -210,12 +211,8 @@ def read_reranker_spec(path: Path, decoder: bool = False) -> RerankerSpec:
     path = Path(path)
     file = path / "config.json"
     config = read_json(file, Need.REQUIRED)
-    if not (path / "tokenizer.json").is_file():
-        raise ModelFolderError(
-            f"{path / 'tokenizer.json'}: missing; the tokenizer step needs a fast tokenizer "
-            "(save it with transformers' AutoTokenizer.save_pretrained)"
-        )
-    names = _architectures(config)
+    require_fast_tokenizer(path)
+    names = architectures(config)
     max_length = model_max_length(path, config)
     if decoder:
         known = [a for a in names if a in DECODER_ARCHITECTURES]

@@ -22,9 +22,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from triton_embed_server.models.model_spec import Need, model_max_length, read_json
+from triton_embed_server.models.model_spec import (
+    Need,
+    architectures,
+    model_max_length,
+    module_kinds,
+    read_json,
+    require_fast_tokenizer,
+)
 from triton_embed_server.models.spec import ModelFolderError
 
 #: The architecture suffix of a masked-language model, the body of every SPLADE model.
@@ -69,19 +75,6 @@ class SparseSpec:
         }
 
 
-def _module_kinds(path: Path) -> list[tuple[str, dict[str, Any]]]:
-    """``(class name, module entry)`` of each ``modules.json`` entry; ``[]`` without one."""
-    value = read_json(path / "modules.json", Need.OPTIONAL, list)
-    if not all(isinstance(m, dict) for m in value):
-        raise ModelFolderError(f"{path / 'modules.json'}: expected a list of module objects")
-    return [(str(m.get("type", "")).rsplit(".", 1)[-1], m) for m in value]
-
-
-def _architectures(config: dict[str, Any]) -> list[str]:
-    found = config.get("architectures") or []
-    return [str(a) for a in found] if isinstance(found, list) else []
-
-
 def is_sparse_encoder(path: Path) -> bool:
     """Whether a folder is a sparse (SPLADE) model.
 
@@ -94,10 +87,10 @@ def is_sparse_encoder(path: Path) -> bool:
     """
     path = Path(path)
     config = read_json(path / "config.json", Need.REQUIRED)
-    kinds = [k for k, _ in _module_kinds(path)]
+    kinds = [k for k, _ in module_kinds(path)]
     if kinds:
         return SPLADE_POOLING in kinds
-    return any(a.endswith(MLM_SUFFIX) for a in _architectures(config))
+    return any(a.endswith(MLM_SUFFIX) for a in architectures(config))
 
 
 def read_sparse_spec(path: Path) -> SparseSpec:
@@ -112,12 +105,8 @@ def read_sparse_spec(path: Path) -> SparseSpec:
     path = Path(path)
     file = path / "config.json"
     config = read_json(file, Need.REQUIRED)
-    if not (path / "tokenizer.json").is_file():
-        raise ModelFolderError(
-            f"{path / 'tokenizer.json'}: missing; the tokenizer step needs a fast tokenizer "
-            "(save it with transformers' AutoTokenizer.save_pretrained)"
-        )
-    names = _architectures(config)
+    require_fast_tokenizer(path)
+    names = architectures(config)
     served = [a for a in names if a in SERVED_ARCHITECTURES]
     if not served:
         raise ModelFolderError(
@@ -143,7 +132,7 @@ def _splade_pooling(path: Path) -> str:
         ModelFolderError: another module, no or several ``SpladePooling`` modules, or a
             strategy or activation not served.
     """
-    kinds = _module_kinds(path)
+    kinds = module_kinds(path)
     if not kinds:
         return "max"
     file = path / "modules.json"

@@ -35,6 +35,21 @@ MIN_MAX_LENGTH = 3
 DEFAULT_MAX_CHUNKS = 16
 
 
+def within_model_limit(given: int, own: int) -> int:
+    """The token budget per sequence in force: ``given``, or the model's ``own`` for 0.
+
+    Raises:
+        ValueError: outside ``[MIN_MAX_LENGTH, own]`` (names the parameter and the range).
+    """
+    max_length = given or own
+    if not MIN_MAX_LENGTH <= max_length <= own:
+        raise ValueError(
+            f"parameter max_length={max_length} must be in [{MIN_MAX_LENGTH}, "
+            f"{own}] (the model's own limit); 0 = the model's own"
+        )
+    return max_length
+
+
 def request_tokens(p: Params, default: int) -> int:
     """The ``max_request_tokens`` parameter; ``0``/absent: ``default``."""
     return p.int("max_request_tokens", 0, minimum=0) or default
@@ -399,3 +414,47 @@ class EngineConfig(StepConfig):
         }
         kwargs.update(self.engine_args)
         return kwargs
+
+
+@dataclass(frozen=True)
+class KindEngineConfig(EngineConfig):
+    """An engine step whose model has a spec of its kind (a scorer, a sparse or token encoder).
+
+    Parsed alike: the spec (:meth:`read_spec`: the parameters, the folder read for what they
+    leave empty), ``max_length`` within the model's own, the request budget, the engine fields.
+
+    Attributes:
+        spec: the model's facts (the kind's spec dataclass; it has ``max_length``).
+        max_request_tokens: token IDs one request may carry (parameter
+            ``max_request_tokens``; ``0``/absent: ``min(64 x max_length, 65,536)``, the
+            tokenizer step's budget for one window per text).
+    """
+
+    spec: Any = None
+    max_request_tokens: int = 0
+
+    @classmethod
+    def read_spec(cls, p: Params, path: Path) -> Any:
+        """The model's spec from the step's parameters and its folder.
+
+        Raises:
+            ValueError: a bad parameter, or a folder that is no model of the kind.
+        """
+        raise NotImplementedError
+
+    @classmethod
+    def more_fields(cls, p: Params, spec: Any, max_length: int) -> dict[str, Any]:
+        """The subclass's own fields, parsed (none by default)."""
+        return {}
+
+    @classmethod
+    def _parse(cls, model_config: dict[str, Any], repository_dir: Any, parts: Any):
+        from triton_embed.serving_limits import REQUEST_TEXTS, request_token_budget
+
+        p, path, max_length, _ = parts
+        spec = cls.read_spec(p, path)
+        max_length = within_model_limit(max_length, spec.max_length)
+        budget = request_tokens(p, request_token_budget(REQUEST_TEXTS, max_length, 1))
+        engine = cls.engine_fields(p, model_config, path, max_length, repository_dir)
+        more = cls.more_fields(p, spec, max_length)
+        return cls(**engine, spec=spec, max_request_tokens=budget, **more)

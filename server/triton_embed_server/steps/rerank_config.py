@@ -25,10 +25,11 @@ from triton_embed_server.models.reranker_spec import (
 )
 from triton_embed_server.steps.engine_config import (
     MIN_MAX_LENGTH,
-    EngineConfig,
+    KindEngineConfig,
     Params,
     StepConfig,
     request_tokens,
+    within_model_limit,
 )
 
 
@@ -103,17 +104,12 @@ def _spec_and_budgets(
             below :data:`MIN_MAX_LENGTH` or above the model's own.
     """
     spec = reranker_spec(p, path)
-    max_length = given or spec.max_length
-    if not MIN_MAX_LENGTH <= max_length <= spec.max_length:
-        raise ValueError(
-            f"parameter max_length={max_length} must be in [{MIN_MAX_LENGTH}, "
-            f"{spec.max_length}] (the model's own limit); 0 = the model's own"
-        )
+    max_length = within_model_limit(given, spec.max_length)
     return spec, max_length, request_tokens(p, request_token_budget(pairs, max_length, 1))
 
 
 @dataclass(frozen=True)
-class ScorerConfig(EngineConfig):
+class ScorerConfig(KindEngineConfig):
     """Configuration of a reranker's scorer step: one vLLM engine per instance.
 
     Attributes:
@@ -124,14 +120,11 @@ class ScorerConfig(EngineConfig):
     """
 
     spec: RerankerSpec | None = None
-    max_request_tokens: int = 0
 
     @classmethod
-    def _parse(cls, model_config: dict[str, Any], repository_dir: Any, parts: Any):
-        p, path, max_length, _ = parts
-        spec, max_length, budget = _spec_and_budgets(p, path, max_length, REQUEST_TEXTS)
-        engine = cls.engine_fields(p, model_config, path, max_length, repository_dir)
-        return cls(**engine, spec=spec, max_request_tokens=budget)
+    def read_spec(cls, p: Params, path: Path) -> RerankerSpec:
+        """The reranker's spec (:func:`reranker_spec`)."""
+        return reranker_spec(p, path)
 
     def llm_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``vllm.LLM``: the engine's, plus a decoder's overrides."""

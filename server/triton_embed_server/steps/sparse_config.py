@@ -13,9 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from triton_embed.serving_limits import REQUEST_TEXTS, request_token_budget
 
 from triton_embed_server.models.sparse_spec import (
     POOLINGS,
@@ -23,12 +20,7 @@ from triton_embed_server.models.sparse_spec import (
     SparseSpec,
     read_sparse_spec,
 )
-from triton_embed_server.steps.engine_config import (
-    MIN_MAX_LENGTH,
-    EngineConfig,
-    Params,
-    request_tokens,
-)
+from triton_embed_server.steps.engine_config import MIN_MAX_LENGTH, KindEngineConfig, Params
 
 
 def sparse_spec(p: Params, path: Path) -> SparseSpec:
@@ -50,7 +42,7 @@ def sparse_spec(p: Params, path: Path) -> SparseSpec:
 
 
 @dataclass(frozen=True)
-class SparseEncoderConfig(EngineConfig):
+class SparseEncoderConfig(KindEngineConfig):
     """Configuration of a sparse model's engine step: one vLLM engine per instance.
 
     Attributes:
@@ -63,18 +55,8 @@ class SparseEncoderConfig(EngineConfig):
     """
 
     spec: SparseSpec | None = None
-    max_request_tokens: int = 0
 
     @classmethod
-    def _parse(cls, model_config: dict[str, Any], repository_dir: Any, parts: Any):
-        p, path, max_length, _ = parts
-        spec = sparse_spec(p, path)
-        max_length = max_length or spec.max_length
-        if not MIN_MAX_LENGTH <= max_length <= spec.max_length:
-            raise ValueError(
-                f"parameter max_length={max_length} must be in [{MIN_MAX_LENGTH}, "
-                f"{spec.max_length}] (the model's own limit); 0 = the model's own"
-            )
-        budget = request_tokens(p, request_token_budget(REQUEST_TEXTS, max_length, 1))
-        engine = cls.engine_fields(p, model_config, path, max_length, repository_dir)
-        return cls(**engine, spec=spec, max_request_tokens=budget)
+    def read_spec(cls, p: Params, path: Path) -> SparseSpec:
+        """The sparse model's spec (:func:`sparse_spec`)."""
+        return sparse_spec(p, path)

@@ -296,6 +296,32 @@ def set_parameter(text: str, key: str, value: str) -> str:
     return _apply(text, [(m.start("value"), m.end("value"), _escape(value))])
 
 
+def add_parameters(text: str, parameters: Mapping[str, str], comment: str) -> str:
+    """``text`` with entries appended to its ``parameters`` list, the last block of the file.
+
+    For a step that one kind configures with more parameters than the shipped text has (the
+    tokenizer step of a multi-vector model reads its spec). ``comment`` (one line) goes
+    before them.
+
+    Raises:
+        ValueError: the text does not end with a ``parameters [ ... ]`` block, or a key is
+            already in it.
+    """
+    end = text.rstrip().rfind("\n]")
+    start = text.rfind("parameters [", 0, end)
+    last = text.rfind("}", start, end)
+    if start < 0 or last < 0 or text.rstrip()[end:] != "\n]":
+        raise ValueError("expected the config to end with a parameters [ ... ] block")
+    lines = [f"  # {comment}"]
+    for key, value in parameters.items():
+        if f'key: "{_escape(key)}"' in text[start:end]:
+            raise ValueError(f'the parameters already have the key "{key}"')
+        entry = f'key: "{_escape(key)}", value: {{ string_value: "{_escape(value)}" }}'
+        lines.append(f"  {{ {entry} }}")
+    added = ",\n".join(lines[1:])
+    return text[: last + 1] + ",\n" + lines[0] + "\n" + added + text[last + 1 :]
+
+
 # One map entry of `parameters`, as it looks after _mask: { key: "…" value: { string_value: "…" } }
 # (commas and the colon before a message are optional in the text format).
 _PARAMETER = re.compile(

@@ -15,34 +15,35 @@ dtype and ``kv_cache_bytes``, and the ensemble's served name, vocabulary and bud
 from __future__ import annotations
 
 from collections.abc import Callable
-from importlib import resources
 
-from triton_embed_server.models.repository.copies import edit_text
-from triton_embed_server.models.repository.names import LEGACY_NAME, step_names
-from triton_embed_server.models.repository.render import DEFAULT_INSTANCES, ModelOptions
+from triton_embed_server.models.repository.names import LEGACY_NAME
 from triton_embed_server.models.repository.render import TEMPLATES as SHIPPED
+from triton_embed_server.models.repository.render import ModelOptions
+from triton_embed_server.models.repository.render_kind import (
+    TEMPLATES as KIND_TEMPLATES,
+)
+from triton_embed_server.models.repository.render_kind import (
+    KindParameters,
+    KindTemplates,
+    render_kind,
+)
 from triton_embed_server.models.sparse_spec import SparseSpec
 
 #: The sparse templates, package data of this package.
-TEMPLATES = resources.files(__package__) / "templates" / "sparse"
+TEMPLATES = KIND_TEMPLATES / "sparse"
 #: The name the templates use for the ensemble (``splade``; steps ``splade_tokenizer``...).
 TEMPLATE_NAME = "splade"
-_GPU_VARIANT_HEADER = (
-    "# GPU variant of the sparse encoder: tritonserver ... --model-config-name gpu\n"
+SPARSE_TEMPLATES = KindTemplates(
+    kind="sparse",
+    folder=TEMPLATES,
+    template_name=TEMPLATE_NAME,
+    engine="sparse_encoder",
+    gpu_only_header=(
+        "# Step 2 of the `{name}` ensemble: token IDs -> sparse vectors, vLLM pooling runner.\n"
+        "# GPU variant (triton-embed repository add --device gpu); no CPU variant is written.\n"
+    ),
+    tokenizer=(SHIPPED / "tokenizer.pbtxt", SHIPPED / "tokenizer_model.py.tmpl", LEGACY_NAME),
 )
-_GPU_ONLY_HEADER = (
-    "# Step 2 of the `{name}` ensemble: token IDs -> sparse vectors, vLLM pooling runner.\n"
-    "# GPU variant (triton-embed repository add --device gpu); no CPU variant is written.\n"
-)
-
-
-def _retitle(text: str, old: str, name: str) -> str:
-    first, _, rest = text.partition("\n")
-    return first.replace(f"`{old}`", f"`{name}`", 1) + "\n" + rest
-
-
-def _template(file: str, name: str) -> str:
-    return _retitle((TEMPLATES / file).read_text("utf-8"), TEMPLATE_NAME, name)
 
 
 def render_sparse(
@@ -69,46 +70,14 @@ def render_sparse(
     Returns:
         ``{path relative to the repository root, "/"-separated: UTF-8 bytes}``.
     """
-    name = options.name
-    tokenizer, encoder = step_names(name, "sparse")
-    steps = {"model_path": model_path, "max_length": str(options.max_length)}
-    ensemble = {
-        "served_model_name": served_model_name,
-        "vocab_size": str(spec.vocab_size),
-        "max_length": str(resolved_max_length),
-    }
-    tokenizer_text = _retitle((SHIPPED / "tokenizer.pbtxt").read_text("utf-8"), LEGACY_NAME, name)
-    tokenizer_params = {**steps, "max_chunks": "1", "kind": "sparse"}
-    instances = options.instances or DEFAULT_INSTANCES[options.device]
-    files = {
-        f"{name}/config.pbtxt": edit_text(
-            _template("ensemble.pbtxt", name),
-            name=name,
-            step_models=[tokenizer, encoder],
-            parameters=ensemble,
-        ),
-        f"{name}/1/.gitkeep": "",
-        f"{tokenizer}/config.pbtxt": edit_text(
-            tokenizer_text, name=tokenizer, parameters=tokenizer_params
-        ),
-        f"{tokenizer}/1/model.py": (SHIPPED / "tokenizer_model.py.tmpl").read_text("utf-8"),
-        f"{encoder}/1/model.py": _template("sparse_encoder_model.py.tmpl", name),
-    }
-
-    def encoder_config(text: str, count: int, **more: str) -> str:
-        params = {**steps, **spec.parameters(), **more}
-        text = edit_text(text, name=encoder, count=count, parameters=params)
-        if kv_cache_bytes is None:
-            return text
-        return edit_text(text, parameters={"kv_cache_bytes": str(kv_cache_bytes(text))})
-
-    dtype = {"dtype": options.dtype} if options.dtype else {}
-    gpu = _template("sparse_encoder_gpu.pbtxt", name)
-    if options.device == "gpu":
-        text = _GPU_ONLY_HEADER.format(name=name) + gpu.removeprefix(_GPU_VARIANT_HEADER)
-        files[f"{encoder}/config.pbtxt"] = encoder_config(text, instances, **dtype)
-    else:
-        cpu = _template("sparse_encoder_cpu.pbtxt", name)
-        files[f"{encoder}/config.pbtxt"] = encoder_config(cpu, instances, **dtype)
-        files[f"{encoder}/configs/gpu.pbtxt"] = encoder_config(gpu, DEFAULT_INSTANCES["gpu"])
-    return {path: text.encode("utf-8") for path, text in sorted(files.items())}
+    parameters = KindParameters(
+        steps={"model_path": model_path, "max_length": str(options.max_length)},
+        ensemble={
+            "served_model_name": served_model_name,
+            "vocab_size": str(spec.vocab_size),
+            "max_length": str(resolved_max_length),
+        },
+        tokenizer={"max_chunks": "1", "kind": "sparse"},
+        engine=spec.parameters(),
+    )
+    return render_kind(SPARSE_TEMPLATES, options, parameters, kv_cache_bytes)

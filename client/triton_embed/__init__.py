@@ -17,6 +17,7 @@ from triton_embed.errors import (
     ServerOverloadedError,
     ServerUnavailableError,
 )
+from triton_embed.multivector_options import MultiVectorOptions
 from triton_embed.options import InvalidUtf8, RequestOptions, Truncation
 from triton_embed.rerank_options import PairOptions, PairTruncation
 from triton_embed.reranking import RerankResult
@@ -39,6 +40,7 @@ __all__ = [
     "RetryPolicy",
     "ServerOverloadedError",
     "ServerUnavailableError",
+    "MultiVectorOptions",
     "SparseOptions",
     "SparseResult",
     "Truncation",

@@ -40,6 +40,7 @@ from triton_embed.errors import (
     map_error,
 )
 from triton_embed.model_control import ModelControl
+from triton_embed.multivector_client import TokenEmbedding
 from triton_embed.options import EmbeddingType, InvalidUtf8, RequestOptions, Truncation
 from triton_embed.reranking import Reranking, RerankResult
 from triton_embed.retry import RetryPolicy
@@ -55,7 +56,12 @@ from triton_embed.transport.calls import (
     send_all,
     send_texts,
 )
-from triton_embed.transport.catalog import ModelKind, kind_of_config, preferred_pairs
+from triton_embed.transport.catalog import (
+    ModelKind,
+    kind_of_config,
+    preferred_pairs,
+    texts_within_cap,
+)
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -96,6 +102,7 @@ _KIND_WORDS = {
     ModelKind.EMBEDDING: ("an embedding model", "embed()"),
     ModelKind.RERANKER: ("a reranker", "rerank()"),
     ModelKind.SPARSE: ("a sparse model", "embed_sparse()"),
+    ModelKind.MULTIVECTOR: ("a multi-vector model", "embed_tokens()"),
 }
 
 
@@ -127,13 +134,15 @@ def _check_arguments(timeout_s: float, max_concurrency: int, batch_size: int | N
     return concurrency
 
 
-class EmbeddingClient(ChannelOwner, Reranking, SparseEmbedding):
+class EmbeddingClient(ChannelOwner, Reranking, SparseEmbedding, TokenEmbedding):
     """Embeds texts with a running ``embed`` ensemble, and reranks with a reranker ensemble.
 
     :meth:`rerank` (:class:`~triton_embed.reranking.Reranking`) scores documents against a
     query with a reranker ensemble (docs/rerank.md); pass ``model=`` a reranker there or here.
     :meth:`embed_sparse` (:class:`~triton_embed.sparse_client.SparseEmbedding`) gives sparse
-    vectors from a sparse (SPLADE) ensemble (docs/sparse.md).
+    vectors from a sparse (SPLADE) ensemble (docs/sparse.md); :meth:`embed_tokens`
+    (:class:`~triton_embed.multivector_client.TokenEmbedding`) one vector per token from a
+    multi-vector (ColBERT, or hidden states) ensemble.
 
     Args:
         url: gRPC endpoint ``host:port``, without a scheme (Triton's default gRPC port is
@@ -297,6 +306,8 @@ class EmbeddingClient(ChannelOwner, Reranking, SparseEmbedding):
             except Exception:  # noqa: BLE001 - the ensemble's max_batch_size then
                 return most
             return min(most, preferred_pairs(scorer) or most)
+        if self._kinds[model] is ModelKind.MULTIVECTOR:  # no answer over the response cap
+            return texts_within_cap(config, most)
         return most
 
     def _check_kind(self, model: str, wanted: ModelKind) -> None:

@@ -236,6 +236,44 @@ def decode_token_matrix(element: bytes | memoryview, dim: int) -> np.ndarray:
     return np.frombuffer(payload, dtype=FLOAT32_LE).reshape(-1, dim).astype(np.float32)
 
 
+def decode_token_matrices(
+    elements: Sequence[bytes | memoryview], num_tokens: Sequence[int]
+) -> list[np.ndarray]:
+    """Decode a response's ``TOKEN_EMBEDDINGS`` elements with their ``NUM_TOKENS`` rows.
+
+    The dimension is not sent: it is each element's ``bytes / (4 x rows)``, the same for every
+    element with rows (an element of 0 rows is ``[0, dim]`` of the others' ``dim``, ``[0, 0]``
+    when no element has rows).
+
+    Returns:
+        Per element float32 ``[num_tokens[i], dim]``.
+
+    Raises:
+        ValueError: the counts differ from the elements, an element is not whole rows, or
+            the elements' dimensions differ.
+    """
+    if len(elements) != len(num_tokens):
+        raise ValueError(f"{len(elements)} token matrices for {len(num_tokens)} token counts")
+    dims = {
+        len(bytes(e)) // (4 * int(n)) for e, n in zip(elements, num_tokens, strict=True) if int(n)
+    }
+    if len(dims) > 1:
+        raise ValueError(f"token matrices of different dimensions: {sorted(dims)}")
+    dim = dims.pop() if dims else 0
+    out = []
+    for element, rows in zip(elements, num_tokens, strict=True):
+        if not int(rows):
+            if len(bytes(element)):
+                raise ValueError(f"a token matrix of 0 rows has {len(bytes(element))} bytes")
+            out.append(np.zeros((0, dim), np.float32))
+            continue
+        matrix = decode_token_matrix(element, dim)
+        if matrix.shape[0] != int(rows):
+            raise ValueError(f"a token matrix has {matrix.shape[0]} rows; NUM_TOKENS says {rows}")
+        out.append(matrix)
+    return out
+
+
 def encode_windows(windows: Iterable[Sequence[tuple[int, int, int]]]) -> np.ndarray:
     """Encode per-text window triples ``(tokens, skip, weight)`` as int32 BYTES elements.
 

@@ -30,14 +30,20 @@ STEPS = ("tokenizer", "embedder")
 
 
 #: Model kind -> the name suffix of its engine step (``repository add``'s naming rule).
-ENGINE_STEPS = {"embedding": "embedder", "reranker": "scorer", "sparse": "sparse_encoder"}
+ENGINE_STEPS = {
+    "embedding": "embedder",
+    "reranker": "scorer",
+    "sparse": "sparse_encoder",
+    "multivector": "token_encoder",
+}
 
 
 def step_names(name: str, kind: str = "embedding") -> tuple[str, str]:
     """The tokenizer and engine step names of the ensemble ``name`` of ``kind``.
 
     ``NAME_tokenizer`` and ``NAME_embedder`` (an embedding model), ``NAME_scorer`` (a
-    reranker) or ``NAME_sparse_encoder`` (a sparse model, :data:`ENGINE_STEPS`); the shipped
+    reranker), ``NAME_sparse_encoder`` (a sparse model) or ``NAME_token_encoder`` (a
+    multi-vector model, :data:`ENGINE_STEPS`); the shipped
     ``embed`` keeps ``tokenizer`` and ``embedder``. ``triton-embed repository add`` names
     them so.
     """

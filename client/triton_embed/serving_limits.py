@@ -44,3 +44,16 @@ def request_token_budget(texts: int, max_length: int, max_chunks: int) -> int:
         The budget, tokens.
     """
     return min(max(1, texts) * max_length * max_chunks, REQUEST_TOKENS_CAP)
+
+
+#: The default cap on the token matrices one response of a multi-vector model carries, bytes
+#: (the token encoder's ``max_response_bytes``): ``4 x tokens x dim`` summed over a request's
+#: texts. 16 MiB holds 64 texts of 512 tokens of a 128-value ColBERT vector (64 x 512 x 128 x
+#: 4 = 16 MiB exactly), or 42 texts of 256 tokens of a 384-value hidden state; it bounds the
+#: step's shared-memory region as the sparse bound does (docs/sparse.md).
+TOKEN_MATRIX_BYTES = 16 * 2**20
+
+
+def token_matrix_bytes(tokens: int, dim: int) -> int:
+    """Bytes of float32 token vectors: ``4 x tokens x dim`` (the cap's arithmetic)."""
+    return 4 * tokens * dim

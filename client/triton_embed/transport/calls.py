@@ -22,7 +22,7 @@ from typing import Any, Generic, Self, TypeVar
 import numpy as np
 
 from triton_embed.admin import check_key, read_admin_key
-from triton_embed.codec import decode_embeddings, decode_sparse
+from triton_embed.codec import decode_embeddings, decode_sparse, decode_token_matrices
 from triton_embed.errors import EmbedClientError, InvalidInputError, map_error
 from triton_embed.options import DEFAULT_EMBEDDING_TYPE, EmbeddingType
 from triton_embed.retry import RetryPolicy
@@ -234,6 +234,36 @@ def send_sparse(
         return [decode_sparse(e) for e in elements], counts
     except ValueError as exc:
         raise EmbedClientError(f"server returned an unreadable sparse vector: {exc}") from None
+
+
+def send_tokens(
+    channel: Channel, batch: list[bytes], offset: int, request: PairsRequest, calls: CallGroup
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """One gRPC request to a multi-vector ensemble: ``batch`` encoded, one vector per token.
+
+    ``request`` carries the model and its parameters (``input_type``...); a cancellable call
+    as :func:`send_texts`'s.
+
+    Returns:
+        Per text float32 ``[tokens, dim]`` (:func:`~triton_embed.codec.decode_token_matrices`)
+        and int32 ``[n]`` token counts (the rows).
+
+    Raises:
+        EmbedClientError: the mapped failure, or an answer that is not ``n`` token matrices;
+            :class:`Stopped` as for :func:`send_texts`.
+    """
+    result = _call(
+        channel, request.model, {"TEXT": batch}, ("TOKEN_EMBEDDINGS", "NUM_TOKENS"),
+        request.parameters, calls, offset, "texts",
+    )  # fmt: skip
+    elements = result.as_numpy("TOKEN_EMBEDDINGS").reshape(-1)
+    counts = result.as_numpy("NUM_TOKENS").reshape(-1).astype(np.int32)
+    if len(elements) != len(batch) or len(counts) != len(batch):
+        raise EmbedClientError(f"server returned {len(elements)} matrices for {len(batch)} texts")
+    try:
+        return decode_token_matrices(elements, counts), counts
+    except ValueError as exc:
+        raise EmbedClientError(f"server returned unreadable token vectors: {exc}") from None
 
 
 def send_pairs(

@@ -32,6 +32,8 @@ request), ``served_model_name``, ``max_length`` (the token budget per pair), ``f
 A **sparse ensemble** (docs/sparse.md) is an embedding ensemble whose vector output is
 ``SPARSE`` instead of ``EMBEDDING`` (per text, its non-zero vocabulary indices and weights);
 the catalog keeps it as a :class:`SparseInfo`, the same attributes as :class:`ModelInfo`.
+A **multi-vector ensemble** answers ``TOKEN_EMBEDDINGS`` (per text, one vector per token);
+the catalog keeps it as a :class:`MultiVectorInfo`, with its query length and response cap.
 
 Clients name a model by its ensemble name or its ``served_model_name`` (:meth:`Catalog.resolve`);
 an ensemble name wins over another model's alias. Both kinds share one name space, so a
@@ -40,66 +42,40 @@ request that names a model of the other kind is told so (``kind``) instead of "n
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from triton_embed.options import OptionError, Truncation, parse_flag
+from triton_embed.options import Truncation
 from triton_embed.serving_limits import (
     PAIR_CHARS_PER_TOKEN,
-    REQUEST_TEXTS,
-    request_token_budget,
+    TOKEN_MATRIX_BYTES,
+    token_matrix_bytes,
+)
+from triton_embed.transport.config_values import (
+    allow_empty,
+    batch_size_of,
+    int_parameter,
+    parameter,
+    request_tokens,
 )
 
 EMBEDDING_OUTPUTS = frozenset({"EMBEDDING", "NUM_TOKENS"})
 SPARSE_OUTPUTS = frozenset({"SPARSE", "NUM_TOKENS"})
+MULTIVECTOR_OUTPUTS = frozenset({"TOKEN_EMBEDDINGS", "NUM_TOKENS"})
 RERANKER_INPUTS = frozenset({"QUERY", "DOCUMENT"})
 RERANKER_OUTPUTS = frozenset({"SCORE", "NUM_TOKENS"})
 
 
 class ModelKind(str, enum.Enum):
-    """What a served ensemble does: embed texts (dense or sparse), or score query-document pairs."""
+    """What a served ensemble does: embed texts (dense, sparse, per token), or score pairs."""
 
     EMBEDDING = "embedding"
     RERANKER = "reranker"
     SPARSE = "sparse"
-
-
-def parameter(config: Mapping[str, Any], key: str) -> str:
-    """A model config parameter's string value ("" when absent)."""
-    value = (config.get("parameters") or {}).get(key) or {}
-    return str(value.get("string_value", "")).strip()
-
-
-def _request_tokens(
-    tokenizer_config: Mapping[str, Any], max_length: int | None, max_chunks: int
-) -> int | None:
-    """The tokenizer step's budget per request: its parameter, else the step's default."""
-    stated = _int_parameter(tokenizer_config, "max_request_tokens")
-    if stated:
-        return stated
-    if max_length is None:
-        return None
-    texts = _max_batch_size(tokenizer_config, REQUEST_TEXTS)
-    return request_token_budget(texts, max_length, max_chunks)
-
-
-def _int_parameter(config: Mapping[str, Any], key: str) -> int | None:
-    """A whole-number parameter (``None`` when absent, empty, 0 or not a number)."""
-    text = parameter(config, key)
-    try:
-        value = int(text)
-    except ValueError:
-        return None
-    return value if value > 0 else None
-
-
-def _max_batch_size(config: Mapping[str, Any] | None, default: int) -> int:
-    """``max_batch_size`` of a config (``default`` when absent or 0)."""
-    if not config:
-        return default
-    return int(config.get("max_batch_size") or 0) or default
+    MULTIVECTOR = "multivector"
 
 
 @dataclass(frozen=True)
@@ -211,29 +187,29 @@ class ModelInfo:
         steps = [s.get("model_name") for s in config.get("ensemble_scheduling", {}).get("step", [])]
         if not {cls.output, "NUM_TOKENS"} <= outputs or len(steps) < 2 or not all(steps):
             return None
-        max_batch_size = _max_batch_size(config, 1)
+        max_batch_size = batch_size_of(config, 1)
         tokenizer_config = step_configs.get(steps[0]) or {}
         embedder_config = step_configs.get(steps[-1]) or {}
         facts = facts or FolderFacts()
-        max_length = _int_parameter(config, "max_length")
-        max_chunks = _int_parameter(tokenizer_config, "max_chunks") or 16
+        max_length = int_parameter(config, "max_length")
+        max_chunks = int_parameter(tokenizer_config, "max_chunks") or 16
         return cls(
             name=str(config["name"]),
             max_batch_size=max_batch_size,
             tokenizer=steps[0],
             embedder=steps[-1],
-            tokenizer_max_batch_size=_max_batch_size(tokenizer_config, max_batch_size),
-            embedder_max_batch_size=_max_batch_size(embedder_config, max_batch_size),
+            tokenizer_max_batch_size=batch_size_of(tokenizer_config, max_batch_size),
+            embedder_max_batch_size=batch_size_of(embedder_config, max_batch_size),
             served_model_name=parameter(config, "served_model_name") or None,
-            dimension=_int_parameter(config, "dimension") or _int_parameter(config, "vocab_size"),
+            dimension=int_parameter(config, "dimension") or int_parameter(config, "vocab_size"),
             max_length=max_length,
             pooling=facts.pooling,
             normalize=facts.normalize,
             dtype=parameter(embedder_config, "dtype") or "float32",
-            max_batch_tokens=_int_parameter(embedder_config, "max_num_batched_tokens"),
-            allow_empty=_allow_empty(tokenizer_config),
+            max_batch_tokens=int_parameter(embedder_config, "max_num_batched_tokens"),
+            allow_empty=allow_empty(tokenizer_config),
             max_chunks=max_chunks,
-            max_request_tokens=_request_tokens(tokenizer_config, max_length, max_chunks),
+            max_request_tokens=request_tokens(tokenizer_config, max_length, max_chunks),
         )
 
 
@@ -248,6 +224,66 @@ class SparseInfo(ModelInfo):
 
     kind: ClassVar[ModelKind] = ModelKind.SPARSE
     output: ClassVar[str] = "SPARSE"
+
+
+def texts_within_cap(config: Mapping[str, Any], most: int) -> int:
+    """Texts per request to a multi-vector ensemble so that no answer passes its cap.
+
+    ``max(1, min(most, max_response_bytes // (4 x max_length x dimension)))`` from the
+    ensemble's parameters (the cap: :data:`~triton_embed.serving_limits.TOKEN_MATRIX_BYTES`
+    when not stated); ``most`` when the config does not state the lengths. Never raises.
+    """
+    dim, max_length = int_parameter(config, "dimension"), int_parameter(config, "max_length")
+    if dim is None or max_length is None:
+        return most
+    cap = int_parameter(config, "max_response_bytes") or TOKEN_MATRIX_BYTES
+    return max(1, min(most, cap // token_matrix_bytes(max_length, dim)))
+
+
+@dataclass(frozen=True)
+class MultiVectorInfo(ModelInfo):
+    """One multi-vector ensemble as the gateway serves it (:attr:`kind` ``multivector``).
+
+    The attributes of :class:`ModelInfo` (``dimension``: values per token vector;
+    ``max_length``: a document's token budget; its token step is :attr:`embedder`, the token
+    encoder), and:
+
+    Attributes:
+        query_length: a query's tokens (ColBERT's, its ``[MASK]`` augmentation included), or
+            ``None`` when not stated.
+        max_response_bytes: the cap on one response's token matrices, bytes.
+    """
+
+    query_length: int | None = None
+    max_response_bytes: int = TOKEN_MATRIX_BYTES
+
+    kind: ClassVar[ModelKind] = ModelKind.MULTIVECTOR
+    output: ClassVar[str] = "TOKEN_EMBEDDINGS"
+
+    def piece_size(self, truncation: Truncation | str | None) -> int:
+        """Texts per upstream call: within the token budget and the response cap."""
+        most = super().piece_size(truncation)
+        if self.dimension is None or self.max_length is None:
+            return most
+        per_text = token_matrix_bytes(self.max_length, self.dimension)
+        return max(1, min(most, self.max_response_bytes // per_text))
+
+    @classmethod
+    def from_configs(
+        cls,
+        config: Mapping[str, Any],
+        step_configs: Mapping[str, Mapping[str, Any]],
+        facts: FolderFacts | None = None,
+    ) -> MultiVectorInfo | None:
+        """The multi-vector model an ensemble's config describes (``None``: not one)."""
+        base = super().from_configs(config, step_configs, facts)
+        if base is None:
+            return None
+        return dataclasses.replace(
+            base,
+            query_length=int_parameter(config, "query_length"),
+            max_response_bytes=int_parameter(config, "max_response_bytes") or TOKEN_MATRIX_BYTES,
+        )
 
 
 def _ensemble_steps(config: Mapping[str, Any]) -> list[str] | None:
@@ -323,11 +359,11 @@ class RerankerInfo:
         steps = _ensemble_steps(config)
         if steps is None or not is_reranker_config(config):
             return None
-        max_batch_size = _max_batch_size(config, 1)
+        max_batch_size = batch_size_of(config, 1)
         tokenizer_config = dict(step_configs.get(steps[0]) or {})
         tokenizer_config.setdefault("max_batch_size", max_batch_size)
         scorer_config = step_configs.get(steps[-1]) or {}
-        max_length = _int_parameter(config, "max_length")
+        max_length = int_parameter(config, "max_length")
         return cls(
             name=str(config["name"]),
             max_batch_size=max_batch_size,
@@ -337,9 +373,9 @@ class RerankerInfo:
             max_length=max_length,
             family=parameter(config, "family") or None,
             dtype=parameter(scorer_config, "dtype") or "float32",
-            max_request_tokens=_request_tokens(tokenizer_config, max_length, 1),
+            max_request_tokens=request_tokens(tokenizer_config, max_length, 1),
             preferred_pairs=preferred_pairs(scorer_config),
-            max_chars=_int_parameter(tokenizer_config, "max_chars")
+            max_chars=int_parameter(tokenizer_config, "max_chars")
             or (PAIR_CHARS_PER_TOKEN * max_length if max_length else None),
         )
 
@@ -383,11 +419,13 @@ def kind_of_config(config: Mapping[str, Any]) -> ModelKind | None:
     outputs = {o.get("name") for o in config.get("output", [])}
     if SPARSE_OUTPUTS <= outputs:
         return ModelKind.SPARSE
+    if MULTIVECTOR_OUTPUTS <= outputs:
+        return ModelKind.MULTIVECTOR
     return ModelKind.EMBEDDING if EMBEDDING_OUTPUTS <= outputs else None
 
 
 #: A model of the catalog: an embedding, sparse or reranker ensemble (``.kind`` says which).
-ServedModel = ModelInfo | SparseInfo | RerankerInfo
+ServedModel = ModelInfo | SparseInfo | MultiVectorInfo | RerankerInfo
 
 
 def served_model(
@@ -410,15 +448,9 @@ def served_model(
         return None
     if kind_of_config(config) is ModelKind.SPARSE:
         return SparseInfo.from_configs(config, step_configs)
+    if kind_of_config(config) is ModelKind.MULTIVECTOR:
+        return MultiVectorInfo.from_configs(config, step_configs)
     return ModelInfo.from_configs(config, step_configs, facts())
-
-
-def _allow_empty(tokenizer_config: Mapping[str, Any]) -> bool:
-    """The tokenizer step's ``allow_empty`` parameter (``false`` when absent or unreadable)."""
-    try:
-        return parse_flag(parameter(tokenizer_config, "allow_empty") or "false")
-    except OptionError:
-        return False
 
 
 @dataclass(frozen=True)

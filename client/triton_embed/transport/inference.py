@@ -44,6 +44,7 @@ from triton_embed.codec import (
     decode_embeddings,
     decode_sparse,
     decode_token_ids,
+    decode_token_matrices,
     encode_token_ids,
     int32_values,
 )
@@ -88,6 +89,14 @@ class Embeddings:
             ValueError: the payloads differ in length or are not whole float32 values.
         """
         return decode_embeddings(self.elements)
+
+    def token_matrices(self) -> list[np.ndarray]:
+        """A multi-vector model's vectors: per input float32 ``[num_tokens[i], dim]``.
+
+        Raises:
+            ValueError: a payload is not whole rows of one dimension for its token count.
+        """
+        return decode_token_matrices(self.elements, self.num_tokens)
 
     def sparse(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """A sparse model's vectors: per input, ``(indices int32 [k], weights float32 [k])``.

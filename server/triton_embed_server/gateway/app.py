@@ -37,6 +37,7 @@ route                       API     handler
 ``POST /v1/score``          vLLM    :func:`~triton_embed_server.gateway.score_api.score`
 ``POST /embed``             TEI     :func:`~triton_embed_server.gateway.tei_api.embed`
 ``POST /embed_sparse``      TEI     :func:`~triton_embed_server.gateway.tei_api.embed_sparse`
+``POST /embed_all``         TEI     :func:`~triton_embed_server.gateway.tei_api.embed_all`
 ``POST /tokenize``          TEI     :func:`~triton_embed_server.gateway.tei_api.tokenize`
 ``GET /info``               TEI     :func:`~triton_embed_server.gateway.tei_api.info`
 ``GET /health``             TEI     :func:`~triton_embed_server.gateway.tei_api.health`
@@ -70,7 +71,6 @@ from triton_embed.transport.catalog import (
     ModelKind,
     RerankerInfo,
     ServedModel,
-    SparseInfo,
 )
 from triton_embed.transport.failures import TransportError
 from triton_embed.transport.inference import Pool, TokenBudget
@@ -206,15 +206,18 @@ class Gateway:
         """
         return model_of_kind(self, name, ModelKind.RERANKER, self.default_reranker)
 
-    def sparse_model(self, name: str | None) -> SparseInfo:
-        """The sparse model ``name``, else ``--default-model`` if sparse, else the only one.
+    def vectors_model(self, name: str | None, kind: ModelKind) -> Any:
+        """The model ``name`` of ``kind``, else ``--default-model`` if of it, else the only one.
+
+        For the routes of one kind of vectors (``/embed_sparse``: sparse, ``/embed_all``:
+        multi-vector).
 
         Raises:
             Unavailable, NotFound, BadRequest: as :func:`~.kinds.model_of_kind`.
         """
         info = self.pool.catalog.resolve(self.default_model) if self.default_model else None
-        default = self.default_model if info and info.kind is ModelKind.SPARSE else None
-        return model_of_kind(self, name, ModelKind.SPARSE, default)
+        default = self.default_model if info and info.kind is kind else None
+        return model_of_kind(self, name, kind, default)
 
     def pair_budget(self, model: RerankerInfo, field: str) -> TokenBudget:
         """The token budget of one rerank or score request (``--max-request-tokens``).
@@ -383,8 +386,9 @@ async def _no_route(request: Request, exc: HTTPException) -> Response:
         error = NotFound(
             f"no route {request.method} {path}; the routes are POST /v1/embeddings, GET "
             "/v1/models, POST /v1/rerank, POST /v2/rerank, POST /score, POST /v1/score, "
-            "POST /embed, POST /embed_sparse, POST /tokenize, POST /rerank, GET /info, GET "
-            "/health, GET /metrics (and TEI's POST /, POST /invocations, GET /, GET /ping)",
+            "POST /embed, POST /embed_sparse, POST /embed_all, POST /tokenize, POST /rerank, "
+            "GET /info, GET /health, GET /metrics (and TEI's POST /, POST /invocations, GET /, "
+            "GET /ping)",
             code="unknown_route",
         )
     response = error_response(error, api)
@@ -423,6 +427,7 @@ def build_app(gateway: Gateway, *, lifespan: Callable | None = None) -> Starlett
             e("/embed_sparse", TEI, tei_api.embed_sparse, body=True),
             methods=["POST"],
         ),  # fmt: skip
+        Route("/embed_all", e("/embed_all", TEI, tei_api.embed_all, body=True), methods=["POST"]),
         Route("/tokenize", e("/tokenize", TEI, tei_api.tokenize, body=True), methods=["POST"]),
         Route("/info", e("/info", TEI, tei_api.info, counted=False), methods=["GET"]),
         # TEI's base-URL routes: POST / and /invocations embed, GET / and /ping are health.

@@ -2,9 +2,9 @@
 
 The catalog holds embedding models and rerankers in one name space
 (:class:`~triton_embed.transport.catalog.ModelKind`), so a request that names a model of the
-other kind (``/v1/embeddings`` with a reranker or a sparse model, ``/v1/rerank`` with an
-embedding model, ``/embed_sparse`` with a dense one) is
-told what the model is and where it is served, instead of "not found".
+other kind (``/v1/embeddings`` with a reranker, a sparse or a multi-vector model,
+``/v1/rerank`` with an embedding model, ``/embed_sparse`` or ``/embed_all`` with a dense one)
+is told what the model is and where it is served, instead of "not found".
 """
 
 from __future__ import annotations
@@ -23,23 +23,27 @@ KIND_ROUTES = {
     ModelKind.EMBEDDING: "POST /v1/embeddings, /embed (and TEI's POST /, /invocations)",
     ModelKind.RERANKER: "POST /v1/rerank, /v2/rerank, /rerank, /score, /v1/score",
     ModelKind.SPARSE: "POST /embed_sparse",
+    ModelKind.MULTIVECTOR: "POST /embed_all",
 }
 #: Where the docs say how to serve a model of each kind.
 KIND_DOCS = {
     ModelKind.EMBEDDING: "README.md, 'Any model, several per server'",
     ModelKind.RERANKER: "docs/rerank.md, 'Adding one'",
     ModelKind.SPARSE: "docs/sparse.md, 'Adding one'",
+    ModelKind.MULTIVECTOR: "docs/sparse.md, 'Multi-vector'",
 }
 #: A kind of model in a sentence: one, and several.
 KIND_NAMES = {
     ModelKind.EMBEDDING: "an embedding model",
     ModelKind.RERANKER: "a reranker",
     ModelKind.SPARSE: "a sparse model",
+    ModelKind.MULTIVECTOR: "a multi-vector model",
 }
 KIND_PLURALS = {
     ModelKind.EMBEDDING: "embedding models",
     ModelKind.RERANKER: "rerankers",
     ModelKind.SPARSE: "sparse models",
+    ModelKind.MULTIVECTOR: "multi-vector models",
 }
 
 

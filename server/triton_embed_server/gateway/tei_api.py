@@ -22,6 +22,13 @@ TEI serves one model; these routes use the gateway's default model (``--default-
   ...]``: per input its non-zero vocabulary entries, ascending by index, as TEI answers.
   A dense model named here is 400 (``wrong_model_kind``), as a sparse one named in
   ``/embed`` or ``/v1/embeddings`` is.
+* ``POST /embed_all`` ``{"inputs", "truncate", "truncation_direction", "prompt_name"}`` plus
+  the gateway's ``model`` (a multi-vector model; absent: ``--default-model`` when it is one,
+  else the only multi-vector model served) -> ``[[[float, ...], ...], ...]``: per input one
+  vector per token, as TEI answers (TEI's are the raw last hidden states; a ColBERT model's
+  here are its projected, L2-normalized vectors, docs/sparse.md). ``prompt_name`` is the
+  ``input_type``: ``query`` or ``document``. A dense model named here is 400
+  (``wrong_model_kind``), as a multi-vector one named in ``/embed`` or ``/v1/embeddings`` is.
 * ``POST /tokenize`` ``{"inputs", "add_special_tokens", "prompt_name"}`` ->
   ``[[{"id", "text", "special", "start", "stop"}, ...], ...]``: the IDs the model's
   tokenizer step makes (``truncation=NONE``: all of them, or 400 past the token budget).
@@ -52,6 +59,7 @@ import numpy as np
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
+from triton_embed.multivector_options import MultiVectorOptions
 from triton_embed.options import OptionError, RequestOptions, Truncation
 from triton_embed.reranking import MAX_DOCUMENTS
 from triton_embed.sparse_options import SparseOptions
@@ -89,6 +97,7 @@ SPARSE_FIELDS = (
     "top_k",
     "threshold",
 )
+EMBED_ALL_FIELDS = ("inputs", "truncate", "truncation_direction", "prompt_name", "model")
 DIRECTIONS = {"right": Truncation.END, "left": Truncation.START}
 JSON = "application/json"
 
@@ -201,7 +210,7 @@ def parse_sparse_request(body: Any) -> tuple[Inputs, SparseOptions, str | None]:
 async def embed_sparse(gateway: Gateway, request: Request, state: RequestState) -> Response:
     """``POST /embed_sparse``: TEI's sparse embeddings, ``[[{"index", "value"}, ...], ...]``."""
     inputs, options, name = parse_sparse_request(state.body)
-    model = gateway.sparse_model(name)
+    model = gateway.vectors_model(name, ModelKind.SPARSE)
     result = await embed_inputs(
         gateway, state, model, inputs, options, "inputs", options.text_options()
     )
@@ -215,6 +224,41 @@ async def embed_sparse(gateway: Gateway, request: Request, state: RequestState) 
         for idx, val in vectors
     ]
     return Response(orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY), media_type=JSON)
+
+
+def parse_embed_all_request(body: Any) -> tuple[Inputs, MultiVectorOptions, str | None]:
+    """Read a ``POST /embed_all`` body: the inputs, the options and the ``model`` asked for.
+
+    Raises:
+        BadRequest: a malformed field (names it and what it takes).
+        EmptyInput, TooLarge: no inputs, or more than 2,048.
+    """
+    body = _object(body, EMBED_ALL_FIELDS)
+    inputs = _inputs(body.get("inputs"))
+    truncation = _truncation(body, inputs)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest(f"'model' must be a string, got {quote(model)}", param="model")
+    try:
+        options = MultiVectorOptions(truncation=truncation, input_type=body.get("prompt_name"))
+    except OptionError as exc:
+        field = "prompt_name" if exc.name == "input_type" else "truncate"
+        raise BadRequest(str(exc).replace(exc.name, field, 1), param=field) from None
+    return inputs, options, model
+
+
+async def embed_all(gateway: Gateway, request: Request, state: RequestState) -> Response:
+    """``POST /embed_all``: TEI's token embeddings, ``[[[float, ...], ...], ...]``."""
+    inputs, options, name = parse_embed_all_request(state.body)
+    model = gateway.vectors_model(name, ModelKind.MULTIVECTOR)
+    result = await embed_inputs(
+        gateway, state, model, inputs, options, "inputs", options.text_options()
+    )
+    try:
+        matrices = result.token_matrices()
+    except ValueError as exc:
+        raise inference.bad_answer(model.name, exc) from None
+    return Response(orjson.dumps(matrices, option=orjson.OPT_SERIALIZE_NUMPY), media_type=JSON)
 
 
 def l2_normalized(matrix: np.ndarray) -> np.ndarray:

@@ -190,6 +190,7 @@ def engine_needs(
     from triton_embed_server.models.instance_group import read_config_pbtxt
     from triton_embed_server.models.repository.layout import step_kind
     from triton_embed_server.steps.config import EmbedderConfig
+    from triton_embed_server.steps.multivector_config import TokenEncoderConfig
     from triton_embed_server.steps.rerank_config import ScorerConfig
     from triton_embed_server.steps.sparse_config import SparseEncoderConfig
 
@@ -197,6 +198,7 @@ def engine_needs(
         "embedder": EmbedderConfig,
         "scorer": ScorerConfig,
         "sparse_encoder": SparseEncoderConfig,
+        "token_encoder": TokenEncoderConfig,
     }
 
     if auto_plan is None:

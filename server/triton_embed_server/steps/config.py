@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from triton_embed.multivector_options import parse_multivector_truncation
 from triton_embed.options import DEFAULT_ALLOW_EMPTY, DEFAULT_TRUNCATION, Truncation
 from triton_embed.serving_limits import REQUEST_TEXTS, request_token_budget
 from triton_embed.sparse_options import parse_sparse_truncation
@@ -26,6 +27,7 @@ from triton_embed_server.models.model_spec import (
     model_max_length,
     read_model_spec,
 )
+from triton_embed_server.models.multivector_spec import MultiVectorSpec
 from triton_embed_server.models.spec import ModelSpec, SpecParameters
 from triton_embed_server.steps.engine_config import (
     CHARS_PER_TOKEN_CAP,
@@ -37,10 +39,17 @@ from triton_embed_server.steps.engine_config import (
     config_defaults,
     model_parameters,
     request_tokens,
+    within_model_limit,
 )
 
 #: The model kinds a tokenizer step tokenizes for: which request options it reads.
-TOKENIZER_KINDS = ("embedding", "sparse")
+TOKENIZER_KINDS = ("embedding", "sparse", "multivector")
+#: How each kind parses the ``truncation`` parameter (``CHUNK`` is an embedding model's).
+_TRUNCATIONS = {
+    "embedding": Truncation.parse,
+    "sparse": parse_sparse_truncation,
+    "multivector": parse_multivector_truncation,
+}
 
 __all__ = [
     "CHARS_PER_TOKEN_CAP",
@@ -80,7 +89,12 @@ class TokenizerConfig(StepConfig):
             it is refused before any engine work.
         kind: the model kind the step tokenizes for (parameter ``kind``, :data:`TOKENIZER_KINDS`):
             ``embedding`` (the default; the request options of :mod:`triton_embed.options`) or
-            ``sparse`` (those of :mod:`triton_embed.sparse_options`, ``CHUNK`` refused).
+            ``sparse`` (those of :mod:`triton_embed.sparse_options`, ``CHUNK`` refused) or
+            ``multivector`` (:mod:`triton_embed.multivector_options`: ``input_type`` is
+            ``query`` or ``document``, which pick the markers of :attr:`multivector`).
+        multivector: a multi-vector model's spec (its markers, query length and
+            augmentation), read from the same parameters as its engine step; ``None`` for
+            the other kinds.
     """
 
     model_path: Path
@@ -91,27 +105,29 @@ class TokenizerConfig(StepConfig):
     max_chunks: int = DEFAULT_MAX_CHUNKS
     max_request_tokens: int = 0
     kind: str = "embedding"
+    multivector: MultiVectorSpec | None = None
 
     @classmethod
     def _parse(
         cls, model_config: dict[str, Any], repository_dir: Any, parts: Any
     ) -> TokenizerConfig:
         """The ``tokenizer`` model's config, from what the preamble read first."""
+        from triton_embed_server.steps.multivector_config import multivector_spec
+
         p, path, max_length, max_chunks = parts
+        kind = p.choice("kind", "embedding", TOKENIZER_KINDS)
+        spec = multivector_spec(p, path) if kind == "multivector" else None
+        if spec is not None:
+            max_length = within_model_limit(max_length, spec.max_length)
         max_length = max_length or model_max_length(path)
         if max_length < MIN_MAX_LENGTH:
             raise ValueError(f"parameter max_length={max_length} must be >= {MIN_MAX_LENGTH}")
         texts = int(model_config.get("max_batch_size") or 0) or REQUEST_TEXTS
-        kind = p.choice("kind", "embedding", TOKENIZER_KINDS)
         truncation = p.str("truncation", DEFAULT_TRUNCATION.value)
         return cls(
             model_path=path,
             max_length=max_length,
-            truncation=(
-                parse_sparse_truncation(truncation, "parameter truncation")
-                if kind == "sparse"
-                else Truncation.parse(truncation, "parameter truncation")
-            ),
+            truncation=_TRUNCATIONS[kind](truncation, "parameter truncation"),
             max_chars=p.int("max_chars", 0, minimum=0) or CHARS_PER_TOKEN_CAP * max_length,
             allow_empty=p.bool("allow_empty", DEFAULT_ALLOW_EMPTY),
             max_chunks=max_chunks,
@@ -119,6 +135,7 @@ class TokenizerConfig(StepConfig):
                 p, request_token_budget(texts, max_length, max_chunks)
             ),
             kind=kind,
+            multivector=spec,
         )
 
 

@@ -28,11 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from triton_embed.multivector_options import MultiVectorOptions
 from triton_embed.options import DEFAULT_INVALID_UTF8, InvalidUtf8, RequestOptions, Truncation
 from triton_embed.sparse_options import SparseOptions
 
 from triton_embed_server.host.shm.sizing import UTF8_MAX
 from triton_embed_server.models.model_spec import read_prompt_spec
+from triton_embed_server.models.spec import PromptSpec
 from triton_embed_server.steps.batching import flatten, split
 from triton_embed_server.steps.config import TokenizerConfig
 from triton_embed_server.steps.errors import (
@@ -54,13 +56,15 @@ def parse_request_options(parameters: Mapping[str, Any], kind: str = "embedding"
 
     The names, allowed values and defaults are those of :mod:`triton_embed.options` for an
     embedding model, of :mod:`triton_embed.sparse_options` for a sparse one (whose
-    ``top_k`` and ``threshold`` are checked here too, for the engine step to apply).
+    ``top_k`` and ``threshold`` are checked here too, for the engine step to apply), of
+    :mod:`triton_embed.multivector_options` for a multi-vector one (``input_type`` ``query``
+    or ``document``).
 
     Args:
         parameters: the request's parameters, e.g. ``{"truncation": "NONE"}``. Keys that
             Triton's protocols reserve (``sequence_id``, ``priority``, ...) are ignored.
-        kind: the model kind of the step (``TokenizerConfig.kind``): ``embedding`` or
-            ``sparse``.
+        kind: the model kind of the step (``TokenizerConfig.kind``): ``embedding``,
+            ``sparse`` or ``multivector``.
 
     Returns:
         The options the request set; the others are ``None`` (server default).
@@ -72,6 +76,8 @@ def parse_request_options(parameters: Mapping[str, Any], kind: str = "embedding"
     try:
         if kind == "sparse":
             return SparseOptions.from_parameters(parameters).text_options()
+        if kind == "multivector":
+            return MultiVectorOptions.from_parameters(parameters).text_options()
         return RequestOptions.from_parameters(parameters)
     except ValueError as exc:
         raise InvalidArgumentError(str(exc)) from None
@@ -190,7 +196,11 @@ class TextTokenizer:
         self.vocab_size = self._backend.get_vocab_size(with_added_tokens=True)
         self.prefix, self.suffix = _special_tokens_around(self._backend)
         self.body_budget = config.max_length - len(self.prefix) - len(self.suffix)
-        self.prompting = read_prompt_spec(config.model_path)
+        # A multi-vector model's input_type picks its markers, not a prompt (it has none).
+        self.multivector = config.multivector
+        self.prompting = (
+            PromptSpec() if config.kind == "multivector" else read_prompt_spec(config.model_path)
+        )
         self._pool_skip: dict[str, int] = {}
         self.max_text_bytes = max_text_bytes(config)
         if self.body_budget < 1:
@@ -213,7 +223,7 @@ class TextTokenizer:
             Per request, in order, a :class:`Tokenized` or the error for that request.
         """
         results: list[Tokenized | EmbedServingError | None] = [None] * len(requests)
-        valid: list[tuple[int, Truncation, str]] = []
+        valid: list[tuple[int, Truncation, str, str]] = []
         prepared: list[list[str]] = []
         for r, req in enumerate(requests):
             opts = req.options
@@ -221,7 +231,7 @@ class TextTokenizer:
             allow_empty = self.config.allow_empty if opts.allow_empty is None else opts.allow_empty
             replace = (opts.invalid_utf8 or DEFAULT_INVALID_UTF8) is InvalidUtf8.REPLACE
             try:
-                prompt = self._prompt(opts.input_type)
+                prompt = "" if self.config.kind == "multivector" else self._prompt(opts.input_type)
                 prepared.append(
                     [
                         prompt + self._prepare(p, i, truncation, allow_empty, replace)
@@ -231,14 +241,18 @@ class TextTokenizer:
             except EmbedServingError as exc:
                 results[r] = exc
                 continue
-            valid.append((r, truncation, prompt))
+            valid.append((r, truncation, prompt, opts.input_type or "document"))
         flat, counts = flatten(prepared)
         encodings = self._backend.encode_batch(flat, add_special_tokens=False)
-        for (r, truncation, prompt), request_encodings in zip(
+        for (r, truncation, prompt, side), request_encodings in zip(
             valid, split(encodings, counts), strict=True
         ):
             try:
-                results[r] = self._check_budget(self._finish(request_encodings, truncation, prompt))
+                if self.multivector is not None:
+                    tokenized = self._finish_marked(request_encodings, truncation, side)
+                else:
+                    tokenized = self._finish(request_encodings, truncation, prompt)
+                results[r] = self._check_budget(tokenized)
             except EmbedServingError as exc:
                 results[r] = exc
         return results  # type: ignore[return-value]
@@ -340,21 +354,61 @@ class TextTokenizer:
             windows.append(text_windows)
         return Tokenized(ids, windows, counts)
 
+    def _finish_marked(self, encodings: list, truncation: Truncation, side: str) -> Tokenized:
+        """A multi-vector model's IDs: ``prefix marker text suffix``, a query filled with masks.
+
+        The marker (ColBERT's ``[Q]`` or ``[D]``) follows the tokenizer's leading special
+        tokens (``[CLS]``), where both references put it (Stanford's tokenizers overwrite
+        position 1, PyLate inserts its prefix token there); the text is cut to the side's
+        length (a query's ``query_length``, a document's ``max_length``, marker and special
+        tokens included); a query of a model with augmentation is then filled to
+        ``query_length`` with the mask token (Stanford's ``QueryTokenizer`` pads with
+        ``[MASK]``, PyLate pads with the mask token as its pad token).
+        """
+        spec = self.multivector
+        assert spec is not None  # noqa: S101 - only called for a multi-vector tokenizer
+        marker = spec.marker_id(side)
+        head = self.prefix + ([marker] if marker >= 0 else [])
+        limit = spec.length(side, self.config.max_length)
+        budget = limit - len(head) - len(self.suffix)
+        fill = limit if side == "query" and spec.mask_id >= 0 else 0
+        ids: list[list[int]] = []
+        windows: list[list[Window]] = []
+        counts: list[int] = []
+        for i, enc in enumerate(encodings):
+            body = enc.ids
+            counts.append(len(body) + len(head) + len(self.suffix))
+            piece = self._windows(i, body, 0, truncation, budget, limit)[0]
+            text_ids = head + piece + self.suffix
+            text_ids += [spec.mask_id] * (fill - len(text_ids))
+            ids.append(text_ids)
+            windows.append([(len(text_ids), 0, len(piece))])
+        return Tokenized(ids, windows, counts)
+
     def _windows(
-        self, index: int, body: list[int], head: int, truncation: Truncation
+        self,
+        index: int,
+        body: list[int],
+        head: int,
+        truncation: Truncation,
+        budget: int | None = None,
+        limit: int | None = None,
     ) -> list[list[int]]:
         """The body tokens of each window of one text (without special tokens).
 
         ``head`` leading tokens are the prompt's: ``START`` and ``CHUNK`` keep them in front
-        of every window and cut only the text.
+        of every window and cut only the text. ``budget``: the text tokens of one window
+        (default :attr:`body_budget`); ``limit``: the tokens the messages name (default
+        ``max_length``).
         """
-        budget = self.body_budget
+        budget = self.body_budget if budget is None else budget
+        limit = self.config.max_length if limit is None else limit
         if len(body) <= budget:
             return [body]
-        n = len(body) + len(self.prefix) + len(self.suffix)
+        n = len(body) + (limit - budget)
         if truncation is Truncation.NONE:
             raise TooLongError(
-                f"text {index} has {n} tokens; the model accepts {self.config.max_length}; "
+                f"text {index} has {n} tokens; the model accepts {limit}; "
                 "shorten it or set the request parameter truncation=END, START or CHUNK"
             )
         if truncation is Truncation.END:

@@ -46,6 +46,9 @@ the model's ``max_batch_size``, the most elements one ``execute`` call receives:
   (``TOKEN_IDS``); outputs ``B * (4 + 8 * vocab_size)`` (``SPARSE``: an int32 index and a
   float32 weight per non-zero entry, every entry at most; 15.6 MB for 64 texts of a
   30,522-entry BERT vocabulary). Its tokenizer is the ``tokenizer``.
+* a multi-vector model's ``token_encoder``: inputs as the sparse encoder's; outputs
+  ``B * (4 + 4 * max_length * dim)`` (``TOKEN_EMBEDDINGS``: every text at its full length;
+  5.9 MB for 64 texts of 180 tokens of a 128-value ColBERT vector).
 * any other Python-backend model: no bound is known; it is counted at the backend's
   default region (1 MiB).
 
@@ -284,7 +287,8 @@ def step_size(
         repository: the model repository.
         gpus: GPUs the server sees (for ``KIND_GPU`` counts).
         kind: which of this project's steps it is (``tokenizer``, ``embedder``,
-            ``pair_tokenizer``, ``scorer``, ``sparse_encoder``: its ``1/model.py``
+            ``pair_tokenizer``, ``scorer``, ``sparse_encoder``, ``token_encoder``: its
+            ``1/model.py``
             adapter); None: by the
             shipped names ``tokenizer`` and ``embedder``.
 
@@ -343,6 +347,18 @@ def step_size(
         tensors = {
             "TOKEN_IDS": batch * (LENGTH_PREFIX + INT32 * sparse.max_length),
             "SPARSE": batch * (LENGTH_PREFIX + (INT32 + FLOAT32) * sparse.spec.vocab_size),
+        }
+        return StepSize(name, batch, stubs, tensors, tensors["TOKEN_IDS"])
+    if kind == "token_encoder":
+        from triton_embed_server.steps.multivector_config import TokenEncoderConfig
+
+        tokens = TokenEncoderConfig.from_model_config(config, repository)
+        tensors = {
+            "TOKEN_IDS": batch * (LENGTH_PREFIX + INT32 * tokens.max_length),
+            # Every text of the batch at max_length rows (several requests may share a batch,
+            # each under its own max_response_bytes).
+            "TOKEN_EMBEDDINGS": batch
+            * (LENGTH_PREFIX + FLOAT32 * tokens.max_length * tokens.spec.dim),
         }
         return StepSize(name, batch, stubs, tensors, tensors["TOKEN_IDS"])
     return StepSize(name, batch, stubs, {}, 0)

@@ -22,6 +22,7 @@ from pathlib import Path
 from triton_embed_server.models.accuracy import read_gate_record
 from triton_embed_server.models.model_files import PACKAGE_SCHEME, resolve_model_path
 from triton_embed_server.models.model_spec import quantization_of, read_model_spec
+from triton_embed_server.models.multivector_spec import is_multivector, read_multivector_spec
 from triton_embed_server.models.repository.copies import precompile
 from triton_embed_server.models.repository.layout import TEMP_PREFIX, step_users
 from triton_embed_server.models.repository.names import (
@@ -32,6 +33,7 @@ from triton_embed_server.models.repository.names import (
 )
 from triton_embed_server.models.repository.remove import removable
 from triton_embed_server.models.repository.render import DEVICES, DTYPES, ModelOptions, render
+from triton_embed_server.models.repository.render_multivector import render_multivector
 from triton_embed_server.models.repository.render_reranker import render_reranker
 from triton_embed_server.models.repository.render_sparse import render_sparse
 from triton_embed_server.models.reranker_spec import is_cross_encoder, read_reranker_spec
@@ -43,12 +45,13 @@ from triton_embed_server.models.spec import (
     parse_dimension_list,
 )
 from triton_embed_server.steps.config import MIN_MAX_LENGTH, EmbedderConfig
+from triton_embed_server.steps.multivector_config import TokenEncoderConfig
 from triton_embed_server.steps.rerank_config import ScorerConfig
 from triton_embed_server.steps.sparse_config import SparseEncoderConfig
 from triton_embed_server.steps.vectors import Pooling
 
 #: The model kinds ``repository add --kind`` takes.
-KINDS = ("embedding", "reranker", "sparse")
+KINDS = ("embedding", "reranker", "sparse", "multivector")
 #: ``check(folder, spec, dtype, max_length)``: raises ``ValueError`` to refuse a precision.
 AccuracyCheck = Callable[[Path, ModelSpec, str, int], None]
 
@@ -103,8 +106,7 @@ def add_model(
     model_path, folder = _model_folder(options.model)
     kind = _kind(options, folder)
     if kind != "embedding":
-        add = _add_reranker if kind == "reranker" else _add_sparse
-        return add(repository, options, model_path, folder, replace)
+        return _add_kind(kind, repository, options, model_path, folder, replace)
     try:
         spec = read_model_spec(folder, _overrides(options))
     except ModelFolderError as exc:
@@ -174,19 +176,36 @@ _EMBEDDING_ONLY = {
 
 
 def _kind(options: ModelOptions, folder: Path) -> str:
-    """``embedding``, ``reranker`` or ``sparse``: ``--kind``, else what the folder is.
+    """``embedding``, ``reranker``, ``sparse`` or ``multivector``: ``--kind``, else the folder's.
 
     Raises:
-        RepositoryError: an unknown ``--kind``, a cross-encoder or a sparse model asked to be
-            another kind, or a folder without a readable ``config.json``.
+        RepositoryError: an unknown ``--kind``, a cross-encoder, a sparse or a ColBERT model
+            asked to be another kind, or a folder without a readable ``config.json``.
     """
     if options.kind not in ("", *KINDS):
         raise RepositoryError(f"--kind {options.kind!r} is not one of {', '.join(KINDS)}")
     try:
         cross_encoder = is_cross_encoder(folder)
-        sparse = not cross_encoder and is_sparse_encoder(folder)
+        colbert = not cross_encoder and is_multivector(folder)
+        sparse = not cross_encoder and not colbert and is_sparse_encoder(folder)
     except ModelFolderError as exc:
         raise RepositoryError(f"--model {options.model}: {exc}") from None
+    if colbert and options.kind not in ("", "multivector"):
+        raise RepositoryError(
+            f"--model {options.model} is a ColBERT model (HF_ColBERT, or a PyLate Dense "
+            "projection): its output is one vector per token; add it as a multi-vector model "
+            "(leave --kind out; docs/sparse.md)"
+        )
+    if colbert:
+        return "multivector"
+    if (cross_encoder or sparse) and options.kind == "multivector":
+        what = "a cross-encoder (it scores pairs)" if cross_encoder else "a sparse model"
+        raise RepositoryError(
+            f"--model {options.model} is {what}; --kind multivector serves the token "
+            "embeddings of an embedding model or a ColBERT model"
+        )
+    if options.kind == "multivector":
+        return "multivector"
     if cross_encoder and options.kind in ("embedding", "sparse"):
         raise RepositoryError(
             f"--model {options.model} is a cross-encoder (*ForSequenceClassification): it "
@@ -244,56 +263,65 @@ def _write(
     return [repository / name, repository / tokenizer, repository / engine]
 
 
-def _add_reranker(
-    repository: Path, options: ModelOptions, model_path: str, folder: Path, replace: bool
+#: Per model kind with its own templates: its words and doc, its spec reader, its renderer
+#: and its engine step's config class.
+_KINDS = {
+    "reranker": (
+        ("reranker", "docs/rerank.md"),
+        lambda folder: read_reranker_spec(folder, decoder=not is_cross_encoder(folder)),
+        render_reranker,
+        ScorerConfig,
+    ),
+    "sparse": (("sparse model", "docs/sparse.md"), read_sparse_spec, render_sparse,
+               SparseEncoderConfig),
+    "multivector": (
+        ("multi-vector model", "docs/sparse.md"),
+        lambda folder: read_multivector_spec(folder, hidden=True),
+        render_multivector,
+        TokenEncoderConfig,
+    ),
+}  # fmt: skip
+
+
+def _add_kind(
+    kind: str,
+    repository: Path,
+    options: ModelOptions,
+    model_path: str,
+    folder: Path,
+    replace: bool,
 ) -> list[Path]:
-    """Write a reranker's three models (``add_model`` for a reranker folder).
+    """Write the three models of a reranker, a sparse or a multi-vector model.
 
     Raises:
-        RepositoryError: an embedding-only flag, a reduced precision on ``cpu`` (not gated
-            for rerankers), or a folder that is no reranker (names the file).
+        RepositoryError: an embedding-only flag, a reduced precision on ``cpu`` (gated for
+            embeddings only), a folder that is no model of ``kind`` served (names the file),
+            or a ``--max-length`` outside the model's (a multi-vector model's: below its query
+            length).
     """
-    _refuse_embedding_flags(options, "reranker", "docs/rerank.md")
+    (words, doc), read_spec, render_files, config_class = _KINDS[kind]
+    _refuse_embedding_flags(options, words, doc)
     try:
-        spec = read_reranker_spec(folder, decoder=not is_cross_encoder(folder))
+        spec = read_spec(folder)
     except ModelFolderError as exc:
         raise RepositoryError(f"--model {options.model}: {exc}") from None
     _check_max_length(options, spec.max_length, folder)
-    files = render_reranker(
+    max_length = options.max_length or spec.max_length
+    if kind == "multivector" and spec.mask_id >= 0 and max_length < spec.query_length:
+        raise RepositoryError(
+            f"--max-length {max_length} is less than the model's query length "
+            f"{spec.query_length} (queries are filled to it with [MASK]); pass at least "
+            f"{spec.query_length}, or 0 for the model's own"
+        )
+    files = render_files(
         options,
         model_path,
         spec,
         served_model_name=options.served_model_name or _served_name(folder),
-        resolved_max_length=options.max_length or spec.max_length,
-        kv_cache_bytes=functools.partial(_kv_cache_bytes, config=ScorerConfig),
+        resolved_max_length=max_length,
+        kv_cache_bytes=functools.partial(_kv_cache_bytes, config=config_class),
     )
-    return _write(repository, options.name, "reranker", files, replace)
-
-
-def _add_sparse(
-    repository: Path, options: ModelOptions, model_path: str, folder: Path, replace: bool
-) -> list[Path]:
-    """Write a sparse model's three models (``add_model`` for a SPLADE folder).
-
-    Raises:
-        RepositoryError: an embedding-only flag, a reduced precision on ``cpu`` (not gated
-            for sparse models), or a folder that is no sparse model served (names the file).
-    """
-    _refuse_embedding_flags(options, "sparse model", "docs/sparse.md")
-    try:
-        spec = read_sparse_spec(folder)
-    except ModelFolderError as exc:
-        raise RepositoryError(f"--model {options.model}: {exc}") from None
-    _check_max_length(options, spec.max_length, folder)
-    files = render_sparse(
-        options,
-        model_path,
-        spec,
-        served_model_name=options.served_model_name or _served_name(folder),
-        resolved_max_length=options.max_length or spec.max_length,
-        kv_cache_bytes=functools.partial(_kv_cache_bytes, config=SparseEncoderConfig),
-    )
-    return _write(repository, options.name, "sparse", files, replace)
+    return _write(repository, options.name, kind, files, replace)
 
 
 def _check_max_length(options: ModelOptions, own: int, folder: Path) -> None:

@@ -19,7 +19,7 @@ from triton_embed.client import DEFAULT_URL
 from triton_embed.model_control import ModelControl
 
 from triton_embed_server.models.accuracy import gate_for_add
-from triton_embed_server.models.repository.add import add_model, memory_warnings
+from triton_embed_server.models.repository.add import KINDS, add_model, memory_warnings
 from triton_embed_server.models.repository.listing import format_table, list_models
 from triton_embed_server.models.repository.remove import removable, remove_model
 from triton_embed_server.models.repository.render import (
@@ -38,15 +38,17 @@ actions and their flags:
           [--max-length N] [--pooling mean|cls|lasttoken] [--normalize | --no-normalize]
           [--dimensions any|LIST] [--max-chunks N] [--served-model-name NAME] [--replace]
           [--dtype float32|bfloat16|float16] [--accept-accuracy]
-          [--kind embedding|reranker|sparse]
+          [--kind embedding|reranker|sparse|multivector]
           write the ensemble NAME and its steps NAME_tokenizer and NAME_embedder (the
           ensemble embed keeps the steps tokenizer and embedder) from the model folder PATH;
           a reranker (a cross-encoder folder, or a causal LM with --kind reranker) gets the
           steps NAME_tokenizer and NAME_scorer (docs/rerank.md); a sparse model (a SPLADE
           SparseEncoder folder or *ForMaskedLM checkpoint) NAME_tokenizer and
-          NAME_sparse_encoder (docs/sparse.md)
+          NAME_sparse_encoder (docs/sparse.md); a multi-vector model (a ColBERT folder, or
+          any embedding folder with --kind multivector) NAME_tokenizer and
+          NAME_token_encoder (docs/sparse.md)
   list    --repository DIR [--json]
-          the embedding, reranker and sparse models of the repository and what their
+          the embedding, reranker, sparse and multi-vector models of the repository and what their
           folders say
   remove  --repository DIR --name NAME [--url HOST:PORT]
           delete the ensemble NAME and its two steps; with --url, unload it first
@@ -161,11 +163,12 @@ def add_repository_args(r: argparse.ArgumentParser) -> None:
     )
     r.add_argument(
         "--kind",
-        choices=("embedding", "reranker", "sparse"),
+        choices=KINDS,
         help="add: what the model is (default: a *ForSequenceClassification folder is a "
-        "reranker, a SPLADE folder (SpladePooling, or *ForMaskedLM) a sparse model, anything "
-        "else an embedding model); reranker on a causal LM of the Qwen3-Reranker kind serves "
-        "it as a decoder reranker",
+        "reranker, a SPLADE folder (SpladePooling, or *ForMaskedLM) a sparse model, a ColBERT "
+        "folder (HF_ColBERT, or PyLate's Dense) a multi-vector model, anything else an "
+        "embedding model); reranker on a causal LM of the Qwen3-Reranker kind serves it as a "
+        "decoder reranker; multivector on an embedding model serves its token embeddings",
     )
     r.add_argument(
         "--accept-accuracy",

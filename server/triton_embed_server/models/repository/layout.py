@@ -21,6 +21,7 @@ KIND_STEPS = {
     "embedding": ("tokenizer", "embedder"),
     "reranker": ("pair_tokenizer", "scorer"),
     "sparse": ("tokenizer", "sparse_encoder"),
+    "multivector": ("tokenizer", "token_encoder"),
 }
 
 #: Prefix of the temporary folders that ``add`` and ``remove`` make inside a repository.
@@ -28,7 +29,7 @@ TEMP_PREFIX = ".triton-embed-"
 # The line of a step's model.py that makes it one of ours, and which step it is.
 _ADAPTER_IMPORT = re.compile(
     r"^from triton_embed_server\.steps\.adapters\."
-    r"(tokenizer|embedder|pair_tokenizer|scorer|sparse_encoder) "
+    r"(tokenizer|embedder|pair_tokenizer|scorer|sparse_encoder|token_encoder) "
     r"import TritonPythonModel\b",
     re.M,
 )
@@ -72,7 +73,8 @@ def our_steps(repository: Path, name: str, steps: list[str]) -> tuple[str, str, 
     """``(kind, tokenizer step, engine step)`` of the ensemble ``name`` whose steps are ``steps``.
 
     ``kind`` is ``embedding`` (a tokenizer and an embedder), ``reranker`` (a pair tokenizer
-    and a scorer) or ``sparse`` (a tokenizer and a sparse encoder), :data:`KIND_STEPS`.
+    and a scorer), ``sparse`` (a tokenizer and a sparse encoder) or ``multivector`` (a
+    tokenizer and a token encoder), :data:`KIND_STEPS`.
 
     Raises:
         RepositoryError: the steps are not the two steps of one kind of this project.
@@ -84,6 +86,6 @@ def our_steps(repository: Path, name: str, steps: list[str]) -> tuple[str, str, 
     raise RepositoryError(
         f"{repository / name} is not a model of triton-embed: its steps "
         f"({', '.join(steps) or 'none'}) are not a tokenizer and an embedder (or a pair "
-        "tokenizer and a scorer, or a tokenizer and a sparse encoder) whose 1/model.py "
+        "tokenizer and a scorer, a tokenizer and a sparse or token encoder) whose 1/model.py "
         "imports triton_embed_server.steps.adapters"
     )

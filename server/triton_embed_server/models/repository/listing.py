@@ -21,6 +21,7 @@ from triton_embed_server.models.repository.layout import KIND_STEPS, ensembles, 
 from triton_embed_server.models.repository.names import RepositoryError, step_names
 from triton_embed_server.models.spec import SpecParameters
 from triton_embed_server.steps.config import EmbedderConfig, model_parameters
+from triton_embed_server.steps.multivector_config import TokenEncoderConfig
 from triton_embed_server.steps.rerank_config import ScorerConfig
 from triton_embed_server.steps.sparse_config import SparseEncoderConfig
 
@@ -32,7 +33,7 @@ class ListedModel:
     Attributes:
         name: the ensemble.
         steps: its step models, tokenizer first when known.
-        kind: ``embedding``, ``reranker`` or ``sparse``.
+        kind: ``embedding``, ``reranker``, ``sparse`` or ``multivector``.
         model_path: the ``model_path`` parameter as written (``None`` when unreadable).
         device: ``cpu`` or ``gpu``: the kind of the embedder's ``instance_group``.
         instances: embedder instances (per GPU on ``gpu``).
@@ -47,7 +48,9 @@ class ListedModel:
             RerankerSpec.parameters`); a sparse model's: its architecture, pooling,
             vocabulary, default top-k and token budget
             (:meth:`~triton_embed_server.models.sparse_spec.SparseSpec.parameters`), plus
-            its ``prompts`` (names).
+            its ``prompts`` (names); a multi-vector model's: its layout, dimension, lengths
+            and markers (:meth:`~triton_embed_server.models.multivector_spec.
+            MultiVectorSpec.parameters`).
         error: why the model cannot be served as it stands, or ``None``.
     """
 
@@ -132,6 +135,19 @@ def _describe(repository: Path, name: str, kind: str, tokenizer: str, embedder: 
             max_length=config.max_length,
             spec=spec.parameters(),
         )
+    if kind == "multivector":
+        try:
+            folder = resolve_model_path(params.get("model_path", ""), repository)
+            config = TokenEncoderConfig.from_model_config(emb, repository)
+        except (OSError, ValueError) as exc:
+            return _with(listed, error=str(exc))
+        assert config.spec is not None  # noqa: S101 - TokenEncoderConfig always reads it
+        return _with(
+            listed,
+            quantization=quantization_of(folder),
+            max_length=config.max_length,
+            spec=config.spec.parameters(),
+        )
     if kind == "sparse":
         try:
             folder = resolve_model_path(params.get("model_path", ""), repository)
@@ -196,6 +212,13 @@ def format_table(models: list[ListedModel]) -> str:
             family = f"{s['family']} ({s['activation']})"
             rows.append(
                 (*common, "-", family, "-", "-", str(m.max_length), "-", steps, str(m.model_path))
+            )
+            continue
+        if m.kind == "multivector":
+            layout = f"tokens {s['multivector_layout']}"
+            rows.append(
+                (*common, s["dim"], layout, "-", "-", str(m.max_length), "query,document", steps)
+                + (str(m.model_path),)
             )
             continue
         if m.kind == "sparse":

@@ -75,10 +75,11 @@ class ModelOptions:
         dtype: the engine's dtype (:data:`DTYPES` of ``device``) in the device's config;
             ``""``: the shipped config's (float32 on CPU, float16 on GPU). The GPU variant
             next to a CPU config keeps float16.
-        kind: ``embedding``, ``reranker``, ``sparse`` or ``""``: what the folder is (a
-            ``*ForSequenceClassification`` folder is a reranker, a SPLADE folder a sparse
-            model, anything else an embedding model); ``reranker`` on a causal LM serves it
-            as a decoder reranker.
+        kind: ``embedding``, ``reranker``, ``sparse``, ``multivector`` or ``""``: what the
+            folder is (a ``*ForSequenceClassification`` folder is a reranker, a SPLADE folder
+            a sparse model, a ColBERT folder a multi-vector model, anything else an embedding
+            model); ``reranker`` on a causal LM serves it as a decoder reranker,
+            ``multivector`` on an embedding model serves its token embeddings.
     """
 
     name: str

@@ -1,0 +1,89 @@
+"""Token vectors from a multi-vector ensemble: the client's ``embed_tokens`` (a mixin).
+
+A multi-vector ensemble (docs/sparse.md, "Multi-vector") answers, per text, one float32
+vector per token: ColBERT's projected, L2-normalized vectors (with its ``[Q]``/``[D]`` marker
+and a query's ``[MASK]`` augmentation), or a dense model's last hidden states.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from triton_embed.errors import InvalidInputError
+from triton_embed.multivector_options import MultiVectorOptions
+from triton_embed.options import Truncation
+from triton_embed.transport.calls import (
+    CallGroup,
+    Channel,
+    ClientPart,
+    PairsRequest,
+    as_bytes,
+    send_all,
+    send_tokens,
+)
+from triton_embed.transport.catalog import ModelKind
+
+
+class TokenEmbedding(ClientPart):
+    """The ``embed_tokens`` method of :class:`~triton_embed.client.EmbeddingClient` (a mixin)."""
+
+    def embed_tokens(
+        self,
+        texts: Sequence[str | bytes],
+        *,
+        model: str | None = None,
+        input_type: str | None = None,
+        truncation: Truncation | str | None = None,
+        on_batch_done: Callable[[int, int], None] | None = None,
+    ) -> list[np.ndarray]:
+        """Encode texts into one vector per token with a multi-vector ensemble.
+
+        Args:
+            texts: ``n`` texts (``str``, or UTF-8 ``bytes`` sent as is).
+            model: the multi-vector ensemble (default: the client's ``model``).
+            input_type: ``query`` or ``document`` (``None``: the server's, ``document``):
+                ColBERT's marker, and a query's length and ``[MASK]`` augmentation.
+            truncation: ``NONE``, ``END`` or ``START`` (not ``CHUNK``; ``None``: the
+                server's, ``END``).
+            on_batch_done: called with ``(texts_in_request, tokens_in_request)`` after
+                each request.
+
+        Returns:
+            Per text float32 ``[tokens, dim]``, in input order (``tokens``: the text's
+            ``NUM_TOKENS``, special tokens, marker and mask tokens included).
+
+        Raises:
+            InvalidInputError: an option outside its values, a text refused (``error.index``
+                is its index in ``texts``), a request over the server's response cap, or
+                ``model`` not a multi-vector model.
+            ServerOverloadedError, ServerUnavailableError, EmbedTimeoutError: as ``embed``.
+        """
+        if isinstance(texts, (str, bytes)):
+            raise InvalidInputError(
+                "texts must be a sequence of texts, not a single str/bytes; wrap it in a list"
+            )
+        try:
+            options = MultiVectorOptions(truncation=truncation, input_type=input_type)
+        except ValueError as exc:
+            raise InvalidInputError(str(exc)) from None
+        payloads = [as_bytes(t, i) for i, t in enumerate(texts)]
+        model = model or self.model
+        if not payloads:
+            return []
+        self._check_kind(model, ModelKind.MULTIVECTOR)
+        request = PairsRequest(model, options.to_parameters())
+        channel = Channel(self._grpc, self._client, self.url, self.timeout_s)
+
+        def send(start: int, stop: int, calls: CallGroup):
+            return send_tokens(channel, payloads[start:stop], start, request, calls)
+
+        def done(count: int, result) -> None:
+            if on_batch_done is not None:
+                on_batch_done(count, int(result[1].sum()))
+
+        sent = send_all(
+            len(payloads), self._batch_size(model), send, self.retry, self.max_concurrency, done
+        )
+        return [m for matrices, _ in sent.results for m in matrices]

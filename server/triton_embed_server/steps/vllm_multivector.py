@@ -1,0 +1,119 @@
+"""Where a multi-vector model's engine is called: one in-process vLLM pooling engine per instance.
+
+The engine is fed token IDs only (``TokensPrompt``; the tokenizer step put the markers and
+the query's mask tokens in) and runs vLLM's ``token_embed`` pooling task: per text, one
+vector per token, float32 ``[tokens, dim]``.
+
+* A Stanford ``HF_ColBERT`` checkpoint is vLLM's own ``ColBERTModel``
+  (``model_executor/models/colbert.py``): the BERT encoder, the checkpoint's ``linear``
+  projection, then L2 normalization per token (the pooler's activation).
+* A PyLate folder is served by its transformer's architecture (``BertModel``...), whose
+  ``token_embed`` pooler loads the PyLate ``Dense`` projection from ``1_Dense``
+  (``_load_st_projector``) and normalizes the same way.
+* Hidden states (``--kind multivector`` on a dense model): the same pooler with nothing to
+  project; the activation is off (``PoolingParams(use_activation=False)``), so the vectors
+  are the last hidden states as they are, as TEI's ``/embed_all`` returns them.
+
+The engine checks that the vectors have the spec's ``dim`` values: a projection vLLM failed to
+load (it logs and goes on without one) would otherwise give hidden-size vectors.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from triton_embed_server.models.multivector_spec import Layout
+from triton_embed_server.steps.errors import EngineError
+from triton_embed_server.steps.multivector_config import TokenEncoderConfig
+from triton_embed_server.steps.vllm_engine import LEGACY_KV_ENV
+
+
+def multivector_llm_kwargs(config: TokenEncoderConfig) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.LLM``: the engine's; a PyLate folder's length allowed.
+
+    PyLate saves its transformer's ``max_seq_length`` one below the document length (it
+    inserts the marker after tokenizing), and vLLM refuses a ``max_model_len`` above a
+    folder's ``max_seq_length`` unless ``hf_config.model_max_length`` allows it: the override
+    states the document length, which the marker brings back. An ``hf_overrides`` in the
+    step's ``engine_args`` wins.
+    """
+    kwargs = config.llm_kwargs()
+    if config.spec is not None and config.spec.layout is Layout.PYLATE:
+        kwargs.setdefault("hf_overrides", {"model_max_length": config.max_length})
+    return kwargs
+
+
+class TokenEmbeddingEngine:
+    """A vLLM ``LLM`` with the pooling runner, one vector per token of token-ID texts."""
+
+    def __init__(self, config: TokenEncoderConfig):
+        from vllm import LLM, PoolingParams
+        from vllm.config import PoolerConfig
+
+        legacy = os.environ.get(LEGACY_KV_ENV, "")
+        if legacy:  # vllm/platforms/cpu.py: it would replace kv_cache_memory_bytes silently
+            raise EngineError(
+                f"{LEGACY_KV_ENV}={legacy[:20]!r} is set and would override the step's "
+                "kv_cache_bytes parameter; unset it and set kv_cache_bytes in the model config"
+            )
+        self.config = config
+        self.spec = config.spec
+        kwargs = multivector_llm_kwargs(config)
+        kwargs.setdefault("pooler_config", PoolerConfig(task="token_embed"))
+        self._llm = LLM(**kwargs)
+        self._params = PoolingParams(use_activation=self.spec.normalize)
+        model_config = self._llm.llm_engine.model_config
+        self.vocab_size = int(model_config.get_vocab_size())
+        self.dim = self.spec.dim
+        probe = self.embed([[0, 0]])[0]
+        if probe.shape[1] != self.dim:
+            raise EngineError(
+                f"the engine returned token vectors of {probe.shape[1]} values; the model's "
+                f"spec says dim={self.dim} (a projection vLLM did not load?); check the "
+                "model folder's projection weights"
+            )
+
+    def close(self) -> None:
+        """Shut the engine down now (not left to the garbage collector)."""
+        self._llm.llm_engine.engine_core.shutdown()
+
+    def embed(self, token_ids: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """Token vectors of pre-tokenized texts, in one engine call.
+
+        Args:
+            token_ids: ``n`` texts' token IDs, already validated.
+
+        Returns:
+            Per text float32 ``[len(token_ids[i]), dim]``: L2-normalized rows for ColBERT,
+            the last hidden states for the hidden-state layout.
+
+        Raises:
+            EngineError: the engine failed, or returned a wrong number of texts or rows.
+        """
+        if not token_ids:
+            return []
+        from vllm.inputs import TokensPrompt
+
+        prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in token_ids]
+        try:
+            outputs = self._llm.encode(
+                prompts, pooling_params=self._params, use_tqdm=False, pooling_task="token_embed"
+            )
+        except Exception as exc:  # the engine's own failure, reported per request
+            raise EngineError(f"the token engine failed: {type(exc).__name__}: {exc}") from exc
+        if len(outputs) != len(prompts):
+            raise EngineError(f"the engine returned {len(outputs)} texts for {len(prompts)}")
+        out = []
+        for ids, output in zip(token_ids, outputs, strict=True):
+            matrix = output.outputs.data.to("cpu").float().numpy()
+            if matrix.ndim != 2 or matrix.shape[0] != len(ids):
+                raise EngineError(
+                    f"the engine returned {matrix.shape} token vectors for a text of "
+                    f"{len(ids)} tokens"
+                )
+            out.append(np.ascontiguousarray(matrix, dtype=np.float32))
+        return out

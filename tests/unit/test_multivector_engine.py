@@ -1,0 +1,92 @@
+"""The token engine (``steps.vllm_multivector``) on token IDs against ``transformers``.
+
+The tokenizer step's IDs (markers, truncation and a query's ``[MASK]`` augmentation, checked
+against each reference library in ``test_multivector_repository.py``) go to an in-process
+vLLM engine built from the token encoder's config, as the step runs it; each text's
+``[tokens, dim]`` matrix is compared with ``transformers``' last hidden states of the same
+IDs, projected by the ColBERT projection and L2-normalized per token (Stanford's
+``HF_ColBERT`` and PyLate's layout), or as they are (hidden states, ``--kind multivector``).
+
+Tolerance: ``rtol`` 1e-4 and ``atol`` 1e-5 per value. Both run float32 on CPU and differ only
+in the order of floating-point sums inside the encoder (other kernels, other batch shapes);
+a normalized ColBERT row has values up to ~0.5, the hidden states up to ~5, so ``rtol``
+covers the large values and ``atol`` the small ones.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from triton_embed.multivector_options import MultiVectorOptions
+from triton_embed_server.models import repository as gen
+from triton_embed_server.models.instance_group import read_config_pbtxt
+from triton_embed_server.models.repository import ModelOptions
+from triton_embed_server.steps.config import TokenizerConfig
+from triton_embed_server.steps.multivector_config import TokenEncoderConfig
+from triton_embed_server.steps.tokenization import TextRequest, TextTokenizer
+
+from tests.colbert_factory import (
+    COLBERT_DIM,
+    make_pylate_colbert,
+    make_stanford_colbert,
+    reference_vectors,
+)
+from tests.model_factory import HIDDEN_SIZE, fortune_texts, make_mean_encoder
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+RTOL = 1e-4
+ATOL = 1e-5
+
+
+@pytest.fixture
+def vllm_env(monkeypatch):
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("VLLM_NO_USAGE_STATS", "1")
+
+
+def texts():
+    return [
+        *fortune_texts(4, seed=71),
+        " ".join(fortune_texts(12, seed=72)),  # truncated
+        "Grüße aus Köln — 東京? naïve café",
+    ]
+
+
+@pytest.mark.parametrize("which", ["stanford", "pylate", "dense"])
+def test_token_vectors_are_the_references(tmp_path, vllm_env, which):
+    from triton_embed_server.steps.vllm_multivector import TokenEmbeddingEngine
+
+    makers = {
+        "stanford": make_stanford_colbert,
+        "pylate": make_pylate_colbert,
+        "dense": make_mean_encoder,
+    }
+    folder = makers[which](tmp_path / which)
+    repo = tmp_path / "repo"
+    kind = "multivector" if which == "dense" else ""
+    gen.add_model(repo, ModelOptions(name="m", model=str(folder), kind=kind, instances=1))
+    tok_config = read_config_pbtxt(repo / "m_tokenizer" / "config.pbtxt")
+    tokenizer = TextTokenizer(TokenizerConfig.from_model_config(tok_config, repo))
+    sample = [t.encode() for t in texts()]
+    ids = []
+    for side in ("query", "document"):
+        opts = MultiVectorOptions(input_type=side).text_options()
+        (result,) = tokenizer.tokenize_requests([TextRequest(sample, opts)])
+        ids += result.token_ids
+    engine_config = read_config_pbtxt(repo / "m_token_encoder" / "config.pbtxt")
+    engine_config["parameters"]["numa_placement"] = {"string_value": "off"}
+    engine = TokenEmbeddingEngine(TokenEncoderConfig.from_model_config(engine_config, repo))
+    try:
+        got = engine.embed(ids)
+    finally:
+        engine.close()
+        del engine
+    want = reference_vectors(folder, ids)
+    dim = HIDDEN_SIZE if which == "dense" else COLBERT_DIM
+    for text_ids, g, w in zip(ids, got, want, strict=True):
+        assert g.dtype == np.float32 and g.shape == (len(text_ids), dim) == w.shape
+        np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL)
+        if which != "dense":
+            np.testing.assert_allclose(np.linalg.norm(g, axis=1), 1.0, rtol=1e-5)

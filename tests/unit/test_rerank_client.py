@@ -238,6 +238,6 @@ def test_the_bulk_job_refuses_a_reranker_by_name(monkeypatch, tmp_path, capsys):
             "--url", "127.0.0.1:1", "--model", "rerank"]  # fmt: skip
     assert main(argv) == 1
     assert (
-        "model 'rerank' is a reranker; the bulk job writes the vectors of an embedding or a "
-        "sparse model: pass --model the name of one"
+        "model 'rerank' is a reranker; the bulk job writes the vectors of an embedding, a "
+        "sparse or a multi-vector model: pass --model the name of one"
     ) in capsys.readouterr().err

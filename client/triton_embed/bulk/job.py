@@ -308,11 +308,11 @@ class BulkJob:
             )
         if manifest.get("kind") != kind.value:
             manifest["kind"] = kind.value
-            if not manifest["shards"]:  # sparse: no embedding type, the vocabulary if stated
-                sparse = kind is ModelKind.SPARSE
+            if not manifest["shards"]:  # sparse, tokens: no embedding type; the dimension
+                other = kind in (ModelKind.SPARSE, ModelKind.MULTIVECTOR)
                 embedding_type = self.settings.options.embedding_type or DEFAULT_EMBEDDING_TYPE
-                manifest["embedding_type"] = None if sparse else embedding_type.value
-                manifest["dimension"] = info.dimension if sparse else None
+                manifest["embedding_type"] = None if other else embedding_type.value
+                manifest["dimension"] = info.dimension if other else None
             shards.write_manifest(self.out_dir, manifest)
 
     def _requests(self, size: int):
@@ -382,6 +382,12 @@ class BulkJob:
         manifest, include_text = self.manifest, self.settings.include_text
         if manifest.get("kind") == ModelKind.SPARSE.value:
             shard_schema = shards.sparse_schema(self.source.id_type, include_text)
+        elif manifest.get("kind") == ModelKind.MULTIVECTOR.value:
+            if manifest["dimension"] is None:
+                manifest["dimension"] = self.model_dimension or vectors[0].dim
+            shard_schema = shards.tokens_schema(
+                self.source.id_type, manifest["dimension"], include_text
+            )
         else:
             if manifest["dimension"] is None:
                 width = vectors[0].shape[1]

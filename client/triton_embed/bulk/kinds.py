@@ -2,12 +2,16 @@
 
 The output follows the model: an embedding ensemble's records get an ``embedding`` column
 (dense vectors), a sparse ensemble's (SPLADE, docs/sparse.md) a ``sparse`` column (per record
-its non-zero vocabulary indices, ascending, and their weights). The job learns the kind
-from the servers' model configs (:class:`~triton_embed.transport.catalog.ModelKind`), so the
-flags of both kinds are taken and checked against it once the model is known
+its non-zero vocabulary indices, ascending, and their weights), a multi-vector ensemble's
+(ColBERT, token embeddings) a ``tokens`` column (per record one float32 vector per token).
+The job learns the kind from the servers' model configs
+(:class:`~triton_embed.transport.catalog.ModelKind`), so the flags of every kind are taken
+and checked against it once the model is known
 (:func:`request_options`): a flag of the other kind is refused, naming it.
 
-A sparse answer is held as :class:`SparseVectors` (compressed sparse rows: one offsets
+A multi-vector answer is held as :class:`TokenMatrices` (one offsets array, one
+``[tokens, dim]`` array), which becomes the ``list<fixed_size_list<float32, dim>>`` column the
+same way. A sparse answer is held as :class:`SparseVectors` (compressed sparse rows: one offsets
 array, one indices array, one weights array), which becomes the Arrow column without a
 Python object per weight (:func:`triton_embed.bulk.shards.sparse_array`). Plain numpy: the
 pool (:mod:`~triton_embed.bulk.pool_embedder`) runs without pyarrow.
@@ -21,12 +25,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from triton_embed.errors import InvalidInputError
+from triton_embed.multivector_options import MultiVectorOptions
 from triton_embed.options import DEFAULT_EMBEDDING_TYPE, RequestOptions, Truncation
 from triton_embed.sparse_options import SparseOptions
 from triton_embed.transport.catalog import ModelKind
 
 #: The vector column of each kind the bulk job writes.
-COLUMNS = {ModelKind.EMBEDDING: "embedding", ModelKind.SPARSE: "sparse"}
+COLUMNS = {
+    ModelKind.EMBEDDING: "embedding",
+    ModelKind.SPARSE: "sparse",
+    ModelKind.MULTIVECTOR: "tokens",
+}
 
 
 @dataclass(frozen=True)
@@ -102,6 +111,58 @@ class SparseVectors:
         return self.indices[start:stop], self.weights[start:stop]
 
 
+@dataclass(frozen=True)
+class TokenMatrices:
+    """``n`` texts' token vectors, one after the other, in input order.
+
+    Text ``r`` is ``values[offsets[r]:offsets[r + 1]]``, float32 ``[tokens_r, dim]``.
+
+    Attributes:
+        offsets: int32 ``[n + 1]``, from 0 to the rows, non-decreasing.
+        values: float32 ``[rows, dim]``.
+    """
+
+    offsets: np.ndarray
+    values: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def dim(self) -> int:
+        """Values per token vector."""
+        return int(self.values.shape[1])
+
+    @classmethod
+    def from_matrices(cls, matrices: Sequence[np.ndarray], dim: int = 0) -> TokenMatrices:
+        """From per-text ``[tokens, dim]`` (:meth:`.inference.Embeddings.token_matrices`).
+
+        Raises:
+            ValueError: the matrices differ in ``dim``, or hold 2**31 rows or more.
+        """
+        dims = {m.shape[1] for m in matrices if len(m)} or {dim}
+        if len(dims) > 1:
+            raise ValueError(f"token matrices of different dimensions: {sorted(dims)}")
+        width = dims.pop()
+        offsets = np.zeros(len(matrices) + 1, np.int64)
+        np.cumsum([len(m) for m in matrices], out=offsets[1:])
+        if offsets[-1] >= 2**31:
+            raise ValueError(f"{offsets[-1]} token vectors in one batch; at most 2**31 - 1")
+        rows = [np.asarray(m, np.float32).reshape(-1, width) for m in matrices]
+        values = np.concatenate(rows) if rows else np.zeros((0, width), np.float32)
+        return cls(offsets.astype(np.int32), values)
+
+    @classmethod
+    def concatenate(cls, parts: Sequence[TokenMatrices]) -> TokenMatrices:
+        """The texts of ``parts``, one after the other."""
+        matrices = [p.row(r) for p in parts for r in range(len(p))]
+        return cls.from_matrices(matrices, parts[0].dim if parts else 0)
+
+    def row(self, r: int) -> np.ndarray:
+        """Text ``r``'s float32 ``[tokens, dim]``."""
+        return self.values[int(self.offsets[r]) : int(self.offsets[r + 1])]
+
+
 def _dense_flags(options: RequestOptions) -> list[str]:
     """The flags of ``options`` that only an embedding model takes, those that are set."""
     embedding_type = options.embedding_type
@@ -116,7 +177,7 @@ def _dense_flags(options: RequestOptions) -> list[str]:
 
 def request_options(
     kind: ModelKind, model: str, options: RequestOptions, sparse: SparseOptions
-) -> RequestOptions | SparseOptions:
+) -> RequestOptions | SparseOptions | MultiVectorOptions:
     """The options each request of the job sends to a model of ``kind``.
 
     Args:
@@ -155,7 +216,28 @@ def request_options(
         text = {n: getattr(options, n) for n in ("truncation", "allow_empty", "invalid_utf8",
                                                  "input_type")}  # fmt: skip
         return SparseOptions(**text, top_k=sparse.top_k, threshold=sparse.threshold)
+    if kind is ModelKind.MULTIVECTOR:
+        given = _dense_flags(options) + [
+            f"--{n.replace('_', '-')}"
+            for n in ("top_k", "threshold")
+            if getattr(sparse, n) is not None
+        ]
+        if given:
+            raise InvalidInputError(
+                f"{' and '.join(given)} do not apply to a multi-vector model; {model!r} writes "
+                "a 'tokens' column (one vector per token): leave them out, or pass --model "
+                "another model"
+            )
+        try:
+            return MultiVectorOptions(
+                truncation=options.truncation,
+                allow_empty=options.allow_empty,
+                invalid_utf8=options.invalid_utf8,
+                input_type=options.input_type,
+            )
+        except ValueError as exc:
+            raise InvalidInputError(f"{exc} (model {model!r} is a multi-vector model)") from None
     raise InvalidInputError(
-        f"model {model!r} is a {kind.value}; the bulk job writes the vectors of an embedding or "
-        "a sparse model: pass --model the name of one"
+        f"model {model!r} is a {kind.value}; the bulk job writes the vectors of an embedding, "
+        "a sparse or a multi-vector model: pass --model the name of one"
     )

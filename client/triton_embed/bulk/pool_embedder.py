@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from triton_embed.admin import is_refused
-from triton_embed.bulk.kinds import SparseVectors, request_options
+from triton_embed.bulk.kinds import SparseVectors, TokenMatrices, request_options
 from triton_embed.codec import decode_embeddings
 from triton_embed.errors import (
     AccessDeniedError,
@@ -40,6 +40,7 @@ from triton_embed.errors import (
     ServerUnavailableError,
     from_transport,
 )
+from triton_embed.multivector_options import MultiVectorOptions
 from triton_embed.options import DEFAULT_EMBEDDING_TYPE, RequestOptions
 from triton_embed.retry import RetryPolicy, is_pool_retryable
 from triton_embed.sparse_options import SparseOptions
@@ -233,7 +234,12 @@ class PoolEmbedder:
                     f"{exc.message} (still failing after {self.retry.retries} retries)"
                 ) from None
             raise from_transport(exc) from None
-        if isinstance(self.request_options, SparseOptions):
+        if isinstance(self.request_options, MultiVectorOptions):
+            try:
+                vectors = TokenMatrices.from_matrices(answer.token_matrices())
+            except ValueError as exc:
+                raise EmbedClientError(f"model {self.model!r} answered {exc}") from None
+        elif isinstance(self.request_options, SparseOptions):
             try:
                 vectors = SparseVectors.from_rows(answer.sparse())
             except ValueError as exc:
@@ -285,8 +291,16 @@ class BlockingEmbedder:
         parts = self._run(embed_all())
         vectors = [p.vectors for p in parts]
         sparse = bool(vectors) and isinstance(vectors[0], SparseVectors)
+        tokens = bool(vectors) and isinstance(vectors[0], TokenMatrices)
+        joined = (
+            SparseVectors.concatenate(vectors)
+            if sparse
+            else TokenMatrices.concatenate(vectors)
+            if tokens
+            else np.concatenate(vectors)
+        )
         return Batch(
-            SparseVectors.concatenate(vectors) if sparse else np.concatenate(vectors),
+            joined,
             np.concatenate([p.num_tokens for p in parts]),
             sum(p.seconds for p in parts),
             sum(p.retries for p in parts),

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from triton_embed.bulk import shards
-from triton_embed.bulk.kinds import SparseVectors
+from triton_embed.bulk.kinds import SparseVectors, TokenMatrices
 from triton_embed.bulk.pool_embedder import BULK_RETRY, BlockingEmbedder
 from triton_embed.errors import InvalidInputError
 from triton_embed.options import DEFAULT_EMBEDDING_TYPE, RequestOptions
@@ -118,6 +118,9 @@ class TritonEmbedder:
             id_type = "int64" if pa.types.is_integer(id_type) else "string"
             if self._embedder.info.kind is ModelKind.SPARSE:
                 self._schema = shards.sparse_schema(id_type, self.include_text)
+            elif self._embedder.info.kind is ModelKind.MULTIVECTOR:
+                dim = self._embedder.info.dimension or answer.vectors.dim
+                self._schema = shards.tokens_schema(id_type, dim, self.include_text)
             else:
                 kind = (self.options.embedding_type or DEFAULT_EMBEDDING_TYPE).value
                 width = answer.vectors.shape[1]
@@ -132,7 +135,7 @@ class TritonEmbedder:
             self._schema,
             ids,
             answer.num_tokens,
-            vectors if isinstance(vectors, SparseVectors) else np.asarray(vectors),
+            vectors if isinstance(vectors, (SparseVectors, TokenMatrices)) else np.asarray(vectors),
             texts if self.include_text else None,
         )
 

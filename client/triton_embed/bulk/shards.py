@@ -12,6 +12,8 @@ the columns of :func:`schema`:
   server sent them;
 * ``sparse`` (a sparse model, :func:`sparse_schema`): ``list<struct<index: int32, value:
   float32>>``, the record's non-zero vocabulary indices, ascending, and their weights;
+* ``tokens`` (a multi-vector model, :func:`tokens_schema`): ``list<fixed_size_list<float32,
+  dim>>``, one vector per token (``num_tokens`` of them);
 * ``text``: string, only when the job was asked to keep it.
 
 A shard is written to a hidden temporary file (created exclusively, never through a symbolic
@@ -38,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from triton_embed.bulk.kinds import SparseVectors
+from triton_embed.bulk.kinds import SparseVectors, TokenMatrices
 from triton_embed.options import EmbeddingType
 
 MANIFEST = "_manifest.json"  # "_": Parquet readers (pyarrow, Ray, Spark) skip it
@@ -92,6 +94,35 @@ def sparse_schema(id_type: str, include_text: bool) -> Any:
     return _schema(id_type, pa.field("sparse", SPARSE_TYPE, nullable=False), include_text)
 
 
+def tokens_type(dim: int) -> Any:
+    """The ``tokens`` column's type: ``list<fixed_size_list<float32, dim>>``."""
+    return pa.list_(pa.list_(pa.float32(), dim))
+
+
+def tokens_schema(id_type: str, dim: int, include_text: bool) -> Any:
+    """The ``pyarrow.Schema`` of a multi-vector model's shard: ``tokens`` of ``dim`` values."""
+    return _schema(id_type, pa.field("tokens", tokens_type(dim), nullable=False), include_text)
+
+
+def tokens_array(matrices: TokenMatrices) -> Any:
+    """A :func:`tokens_type` array of ``matrices`` (their buffers, no object per value)."""
+    dim = matrices.dim
+    rows = pa.FixedSizeListArray.from_arrays(
+        pa.array(np.ascontiguousarray(matrices.values).reshape(-1), pa.float32()), dim
+    )
+    return pa.ListArray.from_arrays(pa.array(matrices.offsets, pa.int32()), rows, tokens_type(dim))
+
+
+def read_tokens(column: Any) -> TokenMatrices:
+    """The :class:`~triton_embed.bulk.kinds.TokenMatrices` of a ``tokens`` column (or array)."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    offsets = array.offsets.to_numpy().astype(np.int64)
+    dim = array.type.value_type.list_size
+    flat = array.values.values.to_numpy(zero_copy_only=False).reshape(-1, dim)
+    start = offsets[0]
+    return TokenMatrices((offsets - start).astype(np.int32), flat[start : offsets[-1]])
+
+
 def _schema(id_type: str, vectors: Any, include_text: bool) -> Any:
     fields = [
         pa.field("id", pa.int64() if id_type == "int64" else pa.string(), nullable=False),
@@ -104,8 +135,8 @@ def _schema(id_type: str, vectors: Any, include_text: bool) -> Any:
 
 
 def vector_column(shard_schema: Any) -> str | None:
-    """The name of the schema's vector column (``embedding`` or ``sparse``), or ``None``."""
-    found = [name for name in ("embedding", "sparse") if name in shard_schema.names]
+    """The schema's vector column (``embedding``, ``sparse`` or ``tokens``), or ``None``."""
+    found = [name for name in ("embedding", "sparse", "tokens") if name in shard_schema.names]
     return found[0] if len(found) == 1 else None
 
 
@@ -152,10 +183,13 @@ def table(
             column, without being copied into one array first.
         texts: ``n`` texts, when the schema has a ``text`` column.
     """
-    one = isinstance(vectors, (np.ndarray, SparseVectors))
+    one = isinstance(vectors, (np.ndarray, SparseVectors, TokenMatrices))
     parts = [vectors] if one else list(vectors)
     if vector_column(shard_schema) == "sparse":
         embeddings = pa.chunked_array([sparse_array(p) for p in parts], type=SPARSE_TYPE)
+    elif vector_column(shard_schema) == "tokens":
+        kind = shard_schema.field("tokens").type
+        embeddings = pa.chunked_array([tokens_array(p) for p in parts], type=kind)
     else:
         kind = shard_schema.field("embedding").type
         embeddings = pa.chunked_array(

@@ -25,6 +25,7 @@ from triton_embed.bulk.shards import (
     is_shard_file,
     read_manifest,
     read_sparse,
+    read_tokens,
     vector_column,
 )
 
@@ -134,6 +135,8 @@ def verify(directory: str | Path, source=None) -> Verdict:
             first_schema, verdict.column = plain, column
             if column == "embedding":
                 verdict.dim = plain.field("embedding").type.list_size
+            if column == "tokens":
+                verdict.dim = plain.field("tokens").type.value_type.list_size
         elif not plain.equals(first_schema):
             verdict.problems.append(
                 f"{path.name}: columns {plain} differ from the first shard's {first_schema}"
@@ -142,6 +145,8 @@ def verify(directory: str | Path, source=None) -> Verdict:
             verdict.problems.append(f"{path.name}: null ids or {column} vectors")
         if column == "sparse":
             verdict.weights += _sparse_problems(verdict, path.name, shard.column(column), threshold)
+        if column == "tokens":
+            _tokens_problems(verdict, path.name, shard)
         shard_ids = shard.column("id").to_pylist()
         if (
             entry is not None
@@ -168,6 +173,11 @@ def verify(directory: str | Path, source=None) -> Verdict:
             f"the shards hold {verdict.column!r} vectors; the manifest's model is a {kind} "
             f"model, which writes {want_column or 'no vectors the job knows'!r}"
         )
+    elif manifest is not None and verdict.dim is not None and verdict.column == "tokens":
+        if manifest.get("dimension") not in (None, verdict.dim):
+            verdict.problems.append(
+                f"token vectors have {verdict.dim} values, the manifest {manifest['dimension']}"
+            )
     elif manifest is not None and verdict.dim is not None:
         want = embedding_width(manifest["embedding_type"], manifest["dimension"])
         if want != verdict.dim:
@@ -193,6 +203,12 @@ def _schema_problem(shard_schema: Any) -> str | None:
         return f"embedding is {kind}, not a fixed-size list"
     if column == "sparse" and not kind.equals(SPARSE_TYPE):
         return f"sparse is {kind}, not {SPARSE_TYPE}"
+    if column == "tokens" and not (
+        pa.types.is_list(kind)
+        and pa.types.is_fixed_size_list(kind.value_type)
+        and kind.value_type.value_type == pa.float32()
+    ):
+        return f"tokens is {kind}, not list<fixed_size_list<float32, dim>>"
     if shard_schema.field("num_tokens").type != pa.int32():
         return f"num_tokens is {shard_schema.field('num_tokens').type}, not int32"
     return None
@@ -224,6 +240,21 @@ def _sparse_problems(verdict: Verdict, name: str, column: Any, threshold: float)
             row = int(np.searchsorted(offsets, where[0], side="right")) - 1
             verdict.problems.append(f"{name}: {what} ({where.size}, first in row {row})")
     return vectors.nnz
+
+
+def _tokens_problems(verdict: Verdict, name: str, shard: Any) -> None:
+    """Note rows whose vector count is not their ``num_tokens``, and values not finite."""
+    matrices = read_tokens(shard.column("tokens"))
+    counts = np.diff(matrices.offsets.astype(np.int64))
+    num_tokens = shard.column("num_tokens").to_numpy()
+    wrong = np.flatnonzero(counts != num_tokens)
+    if wrong.size:
+        verdict.problems.append(
+            f"{name}: {wrong.size} rows hold another number of token vectors than num_tokens "
+            f"(first row {int(wrong[0])}: {int(counts[wrong[0]])} vs {int(num_tokens[wrong[0]])})"
+        )
+    if not np.isfinite(matrices.values).all():
+        verdict.problems.append(f"{name}: token vectors not finite")
 
 
 def _check_against_input(verdict: Verdict, manifest, source, ids: list, unique: set) -> None:

@@ -12,6 +12,9 @@
 #                                                     # that port, in front of this server's gRPC port
 #   GATEWAY_PORT=8080 GATEWAY_ARGS="--default-reranker rerank --max-body-mb 8" scripts/serve.sh
 #                                                     # gateway flags (triton-embed gateway --help)
+#   GATEWAY_PORT=8080 GATEWAY_TENANTS=/etc/triton-embed/tenants.yaml scripts/serve.sh
+#                                                     # the gateway's tenants file (docs/tenants.md);
+#                                                     # SIGHUP to this script re-reads it
 #   MODEL_REPOSITORY=/srv/models scripts/serve.sh     # another model repository (default: this
 #                                                     # checkout's model_repository)
 #
@@ -70,8 +73,9 @@ SERVER=("${SUPERVISOR[@]}"
 
 # The gateway (docs/operations.md, "Gateway"): in the background, on the same address, in
 # front of this server's gRPC port (the last --grpc-port given, as tritonserver reads it). It
-# finds the admin key where the server does. The server stays the script's main job: TERM,
-# INT and HUP are forwarded to it, and once it has exited the gateway is stopped by its PID.
+# finds the admin key where the server does. The server stays the script's main job: TERM
+# and INT are forwarded to it (HUP to the gateway: it re-reads GATEWAY_TENANTS), and once it
+# has exited the gateway is stopped by its PID.
 GRPC_PORT=8001
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
@@ -88,6 +92,7 @@ case "$ADDR" in
 esac
 GATEWAY_FLAGS=()
 [[ -z "${GATEWAY_ARGS:-}" ]] || read -r -a GATEWAY_FLAGS <<< "$GATEWAY_ARGS"
+[[ -z "${GATEWAY_TENANTS:-}" ]] || GATEWAY_FLAGS+=(--tenants "$GATEWAY_TENANTS")
 "${ROOT}/.venv/bin/python" -m triton_embed_server.gateway --upstream "$UPSTREAM" \
     --host "$ADDR" --port "$GATEWAY_PORT" "${GATEWAY_FLAGS[@]}" &
 GATEWAY_PID=$!
@@ -98,7 +103,9 @@ stop_gateway() {
 trap stop_gateway EXIT
 "${SERVER[@]}" &
 SERVER_PID=$!
-trap 'kill -TERM "$SERVER_PID" 2>/dev/null || true' TERM INT HUP
+trap 'kill -TERM "$SERVER_PID" 2>/dev/null || true' TERM INT
+# HUP: the gateway re-reads its tenants file (docs/tenants.md, "Reload"); the server goes on.
+trap 'kill -HUP "$GATEWAY_PID" 2>/dev/null || true' HUP
 status=0
 while :; do
     wait "$SERVER_PID" && status=0 || status=$?

@@ -55,6 +55,7 @@ class FakeTriton:
     max_tokens = 8
     requests: list[list[bytes]] = []  # every request's texts, in the order they arrived
     parameters: list[dict] = []  # every request's parameters, in the same order
+    priorities: list[int] = []  # every request's priority= (0: not sent), in the same order
 
     def __init__(self, url: str, *args, **kwargs):
         self.url = url
@@ -80,6 +81,7 @@ class FakeTriton:
         FakeTriton.requests.append(texts)
         params = dict(parameters or {})
         FakeTriton.parameters.append(params)
+        FakeTriton.priorities.append(kwargs.get("priority", 0))
         for i, text in enumerate(texts):
             if not text and not params.get("allow_empty"):
                 raise InferenceServerException(
@@ -156,11 +158,12 @@ def install(monkeypatch) -> type[FakeTriton]:
 
     Returns:
         The class; its ``requests`` lists the texts each request sent, its ``parameters``
-        their request parameters.
+        their request parameters, its ``priorities`` their ``priority=`` (0: none sent).
     """
     import tritonclient.grpc
 
     FakeTriton.requests = []
     FakeTriton.parameters = []
+    FakeTriton.priorities = []
     monkeypatch.setattr(tritonclient.grpc, "InferenceServerClient", FakeTriton)
     return FakeTriton

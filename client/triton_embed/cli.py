@@ -8,6 +8,8 @@ Subcommands:
     query   the nearest texts of an embedded corpus to one or more queries
     rerank  rank the documents of a file by relevance to a query, with a reranker ensemble
             (docs/rerank.md)
+    usage   tokens and cost per tenant and hour, from a gateway's GET /admin/usage
+            (docs/tenants.md)
     doctor  the host's GPU/CPU/NUMA topology and a placement plan for embedder instances;
             Helm chart values for the host; inside a pod, a NUMA alignment check
     repository add|list|remove
@@ -33,10 +35,16 @@ import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from triton_embed.cli_args import add_connection_args, add_corpus_args, positive_int
+from triton_embed.cli_args import (
+    add_connection_args,
+    add_corpus_args,
+    add_priority_arg,
+    positive_int,
+)
 from triton_embed.cli_bulk import add_bulk_args, add_verify_parser, run_verify
 from triton_embed.cli_commands import nearest, run_embed, run_query, summarize
 from triton_embed.cli_rerank import add_rerank_parser, run_rerank
+from triton_embed.cli_usage import add_usage_parser, run_usage
 from triton_embed.errors import EmbedClientError
 
 __all__ = [
@@ -135,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--summary-json", type=Path, help="also write the closing summary as JSON")
     e.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_connection_args(e, embedding_type=True)
+    add_priority_arg(e, "batch")
     add_corpus_args(e)
     add_bulk_args(e)
     add_verify_parser(sub)
@@ -157,8 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     q.add_argument("--json", action="store_true", help="print results as JSON")
     add_connection_args(q)
+    add_priority_arg(q, "interactive")
     add_corpus_args(q)
     add_rerank_parser(sub)
+    add_usage_parser(sub)
 
     add_server_commands(sub)
     return parser
@@ -177,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
             run_query(args)
         elif args.command == "rerank":
             run_rerank(args)
+        elif args.command == "usage":
+            run_usage(args)
         else:  # a server command (COMMANDS_GROUP)
             return args.run(args) or 0
     except (EmbedClientError, OSError, ValueError) as exc:

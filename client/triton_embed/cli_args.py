@@ -317,3 +317,16 @@ def add_corpus_args(p: argparse.ArgumentParser, records: bool = True) -> None:
         help="JSONL key or Parquet column of each record's id, used when present; else the "
         "0-based line (row) number (default %(default)s)",
     )
+
+
+def add_priority_arg(p: argparse.ArgumentParser, default: str) -> None:
+    """``--priority interactive|batch`` (:mod:`triton_embed.priority`), default ``default``."""
+    from triton_embed.priority import Priority
+
+    p.add_argument(
+        "--priority",
+        choices=[c.value for c in Priority],
+        default=default,
+        help="request class: interactive requests are served first in every step's queue, "
+        "batch ones when none waits (default %(default)s)",
+    )

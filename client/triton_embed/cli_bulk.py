@@ -110,6 +110,7 @@ def run_bulk(args: argparse.Namespace, options: RequestOptions, key: str | None,
     from triton_embed.bulk.pool_embedder import BULK_RETRY
     from triton_embed.bulk.settings import JobSettings
     from triton_embed.bulk.sources import InputError
+    from triton_embed.priority import Priority
     from triton_embed.sparse_options import SparseOptions
 
     settings = JobSettings(
@@ -123,6 +124,7 @@ def run_bulk(args: argparse.Namespace, options: RequestOptions, key: str | None,
         timeout_s=args.timeout_s,
         admin_key=key or read_admin_key(),
         retry=BULK_RETRY if _default_retry(args) else retry,
+        priority=Priority.parse(args.priority or Priority.BATCH),
     )
     # The system allocator gives a written shard's buffers back to the OS (pyarrow's default
     # pool keeps them): peak RSS stays one shard's worth. This process only runs the job.

@@ -141,6 +141,7 @@ def _client(args: argparse.Namespace, options: RequestOptions, **sizes) -> Embed
         admin_key=_key_from_file(args),  # None: the client reads the environment
         retry=_retry_policy(args),
         options=options,
+        priority=getattr(args, "priority", None),
         **sizes,
     )
 

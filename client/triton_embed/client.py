@@ -42,6 +42,7 @@ from triton_embed.errors import (
 from triton_embed.model_control import ModelControl
 from triton_embed.multivector_client import TokenEmbedding
 from triton_embed.options import EmbeddingType, InvalidUtf8, RequestOptions, Truncation
+from triton_embed.priority import Priority, level_of
 from triton_embed.reranking import Reranking, RerankResult
 from triton_embed.retry import RetryPolicy
 from triton_embed.sparse_client import SparseEmbedding, SparseResult
@@ -185,6 +186,9 @@ class EmbeddingClient(ChannelOwner, Reranking, SparseEmbedding, TokenEmbedding):
             :class:`~triton_embed.errors.ServerOverloadedError` at once). Default: 8 retries,
             full-jitter waits bounded by 0.1 s doubling up to 5 s. Bad input, deadlines and
             other errors are never retried.
+        priority: ``interactive`` or ``batch`` (:mod:`triton_embed.priority`): the Triton
+            priority level of every request (interactive ones are served first in every
+            step's queue); ``None``: the server's default level (interactive).
 
     The option names, values and defaults are those of :mod:`triton_embed.options`.
 
@@ -216,6 +220,7 @@ class EmbeddingClient(ChannelOwner, Reranking, SparseEmbedding, TokenEmbedding):
         retry: RetryPolicy | int | None = RetryPolicy(),  # noqa: B008 - frozen, never mutated
         normalize: bool | None = None,
         options: RequestOptions | None = None,
+        priority: Priority | str | None = None,
     ):
         import tritonclient.grpc as grpcclient
 
@@ -241,6 +246,10 @@ class EmbeddingClient(ChannelOwner, Reranking, SparseEmbedding, TokenEmbedding):
         except ValueError as exc:
             raise InvalidInputError(str(exc)) from None
         self.parameters = self.options.to_parameters()
+        try:
+            self.priority_level = level_of(priority)
+        except ValueError as exc:
+            raise InvalidInputError(str(exc)) from None
         self._admin_key = admin_key_of(admin_key)
         try:
             self.retry = RetryPolicy.of(retry)
@@ -253,7 +262,7 @@ class EmbeddingClient(ChannelOwner, Reranking, SparseEmbedding, TokenEmbedding):
         self.timeout_s = timeout_s
         self.max_concurrency = max_concurrency
         self._client = grpcclient.InferenceServerClient(url)
-        self._channel = Channel(grpcclient, self._client, url, timeout_s)
+        self._channel = Channel(grpcclient, self._client, url, timeout_s, self.priority_level)
         self._control = ModelControl.over(
             self._client, url=url, headers=self._admin_headers(), timeout_s=timeout_s
         )

@@ -272,7 +272,7 @@ class Reranking(ClientPart):
         model = model or self.model
         self._check_kind(model, ModelKind.RERANKER)
         request = PairsRequest(model, options.to_parameters())
-        channel = Channel(self._grpc, self._client, self.url, deadline_s)
+        channel = Channel(self._grpc, self._client, self.url, deadline_s, self.priority_level)
 
         def send(start: int, stop: int, calls: CallGroup) -> tuple[np.ndarray, np.ndarray]:
             return send_pairs(channel, payload, payloads[start:stop], start, request, calls)

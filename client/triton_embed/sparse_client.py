@@ -109,7 +109,7 @@ class SparseEmbedding(ClientPart):
             return SparseResult([], [], np.zeros(0, np.int32), [])
         self._check_kind(model, ModelKind.SPARSE)
         request = PairsRequest(model, options.to_parameters())
-        channel = Channel(self._grpc, self._client, self.url, self.timeout_s)
+        channel = Channel(self._grpc, self._client, self.url, self.timeout_s, self.priority_level)
 
         def send(start: int, stop: int, calls: CallGroup):
             return send_sparse(channel, payloads[start:stop], start, request, calls)

@@ -677,6 +677,38 @@ def test_gateway_objects_exist_exactly_when_enabled(value_set, tmp_path):
         assert "replicas" not in one(docs, "Deployment", name)["spec"]
 
 
+@pytest.mark.parametrize("value_set", SETS)
+def test_the_tenants_file_is_a_mounted_secret_exactly_when_enabled(value_set):
+    from triton_embed_server.gateway.tenants import parse_tenants
+
+    docs = render(value_set)
+    v = values(value_set)["gateway"]
+    on = v["enabled"] and v["tenants"]["enabled"]
+    secret = "emb-triton-embed-gateway-tenants"
+    assert (secret in names(docs, "Secret")) == (on and not v["tenants"]["existingSecret"])
+    if not v["enabled"]:
+        return
+    spec = pod_spec(one(docs, "Deployment", gateway_name()))
+    gateway = spec["containers"][0]
+    if not on:
+        assert "--tenants" not in gateway["args"]
+        return
+    assert arg_after(gateway["args"], "--tenants") == "/etc/triton-embed/tenants/tenants.yaml"
+    (mount,) = [m for m in gateway["volumeMounts"] if m["name"] == "tenants"]
+    assert mount["mountPath"] == "/etc/triton-embed/tenants" and "subPath" not in mount
+    (volume,) = [vol for vol in spec["volumes"] if vol["name"] == "tenants"]
+    assert volume["secret"]["secretName"] == secret
+    assert "TRITON_EMBED_GATEWAY_API_KEY" not in {e["name"] for e in gateway["env"]}
+    text = base64.b64decode(one(docs, "Secret", secret)["data"]["tenants.yaml"]).decode()
+    assert set(parse_tenants(text).tenants) == {"search", "indexer"}
+
+
+def test_tenants_and_an_api_key_are_refused_together():
+    proc = helm(*template_args("tenants", KUBE_VERSIONS[0], ("gateway.apiKey.enabled=true",)))
+    assert proc.returncode != 0
+    assert "gateway.apiKey and gateway.tenants are exclusive" in proc.stderr
+
+
 # ---- monitoring ------------------------------------------------------------------------------
 
 

@@ -208,6 +208,7 @@ def test_embed_passes_every_flag_and_writes_all_outputs(fake_client, tmp_path):
                 input_type="document",  # a corpus is embedded as documents
                 normalize=False,
             ),
+            "priority": "batch",  # embed's default class
         }
     ]
     np.testing.assert_array_equal(np.load(out), [[10.0, 0.0], [0.0, 1.0]])

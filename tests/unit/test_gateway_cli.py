@@ -90,7 +90,7 @@ def test_the_limit_flags_reach_the_settings_and_their_defaults_are_the_stated_on
 def test_a_worker_process_builds_its_app_from_the_settings_in_the_environment(monkeypatch):
     import logging
 
-    from triton_embed_server.gateway import app
+    from triton_embed_server.gateway import routes as app
 
     settings = GatewaySettings(upstreams=("127.0.0.1:8001",), log_level="warning")
     monkeypatch.setenv(app.SETTINGS_ENV, settings.to_json())

@@ -23,10 +23,11 @@ import pytest
 import uvicorn
 from triton_embed.transport.catalog import Catalog
 from triton_embed_server.gateway import protocol
-from triton_embed_server.gateway.app import Gateway, build_app
+from triton_embed_server.gateway.app import Gateway
 from triton_embed_server.gateway.body import MAX_JSON_DEPTH, json_depth
 from triton_embed_server.gateway.errors import quote
 from triton_embed_server.gateway.metrics import GatewayMetrics
+from triton_embed_server.gateway.routes import build_app
 from triton_embed_server.gateway.settings import DEFAULT_MAX_BODY_BYTES, GatewaySettings
 from triton_embed_server.run.launcher import free_port
 from tritonclient.utils import InferenceServerException

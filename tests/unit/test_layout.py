@@ -294,7 +294,8 @@ def test_the_cli_finds_the_server_commands_by_entry_point():
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     assert list(sub.choices) == [
-        "embed", "verify", "query", "rerank", "doctor", "gateway", "quantize", "repository"
+        "embed", "verify", "query", "rerank", "usage", "doctor", "gateway", "quantize",
+        "repository",
     ]  # fmt: skip
     assert sub.choices["doctor"].get_default("run").__module__ == (
         "triton_embed_server.host.doctor.command"

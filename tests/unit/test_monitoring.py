@@ -39,6 +39,12 @@ COUNTERS = {
     "triton_embed_gateway_upstream_retries_total",
     "triton_embed_gateway_inputs_total",
     "triton_embed_gateway_tokens_total",
+    "triton_embed_gateway_tenant_requests_total",
+    "triton_embed_gateway_tenant_texts_total",
+    "triton_embed_gateway_tenant_tokens_total",
+    "triton_embed_gateway_tenant_cost_usd_total",
+    "triton_embed_gateway_tenant_refusals_total",
+    "triton_embed_gateway_tenant_errors_total",
 }
 HISTOGRAMS = {
     "triton_embed_execute_seconds",
@@ -74,6 +80,7 @@ ALERTS = {
     "TritonEmbedQueueTimeRising",
     "TritonEmbedRequestFailures",
     "TritonEmbedGatewayNoUpstream",
+    "TritonEmbedTenantRateLimited",
 }
 RECORDED = {
     "triton_embed:tokens_per_second:rate1m",

@@ -282,6 +282,7 @@ class BulkJob:
                 timeout_s=settings.timeout_s,
                 admin_key=settings.admin_key,
                 retry=settings.retry,
+                priority=settings.priority,
             ) as embedder:
                 self._settle_kind(embedder.info)
                 self.model_dimension = self.model_dimension or embedder.info.dimension

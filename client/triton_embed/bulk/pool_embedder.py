@@ -42,12 +42,14 @@ from triton_embed.errors import (
 )
 from triton_embed.multivector_options import MultiVectorOptions
 from triton_embed.options import DEFAULT_EMBEDDING_TYPE, RequestOptions
+from triton_embed.priority import Priority
 from triton_embed.retry import RetryPolicy, is_pool_retryable
 from triton_embed.sparse_options import SparseOptions
 from triton_embed.transport import inference
 from triton_embed.transport.addresses import parse_upstreams
 from triton_embed.transport.catalog import ModelInfo
 from triton_embed.transport.failures import TransportError
+from triton_embed.transport.priorities import REQUEST_PRIORITY
 from triton_embed.transport.upstreams import UpstreamPool
 
 #: Seconds :meth:`PoolEmbedder.start` waits for a server with the model READY.
@@ -107,6 +109,8 @@ class PoolEmbedder:
         admin_key: the servers' admin key (the pool reads the repository index and configs,
             restricted APIs), or ``None``.
         retry: how a batch that failed for a passing reason is sent again.
+        priority: the class of its requests (:mod:`triton_embed.priority`): ``batch`` by
+            default, so a bulk job waits behind interactive requests in every step's queue.
 
     Use ``async with PoolEmbedder(...) as embedder: await embedder.embed(texts)``.
     """
@@ -121,8 +125,10 @@ class PoolEmbedder:
         timeout_s: float = 120.0,
         admin_key: str | None = None,
         retry: RetryPolicy = BULK_RETRY,
+        priority: Priority | str = Priority.BATCH,
     ):
         self.urls = parse_urls(urls)
+        self.priority = Priority.parse(priority)
         self.model = model
         self.options = options
         self.sparse = sparse or SparseOptions()
@@ -224,7 +230,11 @@ class PoolEmbedder:
 
         async def attempt() -> inference.Embeddings:
             info = self._pool.catalog.resolve(self.model) or self.info
-            return await inference.embed_texts(self._pool, info, payloads, self.request_options)
+            level = REQUEST_PRIORITY.set(self.priority.level)
+            try:
+                return await inference.embed_texts(self._pool, info, payloads, self.request_options)
+            finally:
+                REQUEST_PRIORITY.reset(level)
 
         try:
             answer = await self.retry.call_async(attempt, on_retry=count_retry)

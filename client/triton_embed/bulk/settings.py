@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from triton_embed.bulk.pool_embedder import BULK_RETRY
 from triton_embed.bulk.sources import Source
 from triton_embed.options import DEFAULT_EMBEDDING_TYPE, RequestOptions
+from triton_embed.priority import Priority
 from triton_embed.retry import RetryPolicy
 from triton_embed.sparse_options import SparseOptions
 
@@ -40,6 +41,8 @@ class JobSettings:
         timeout_s: deadline of one request, seconds.
         admin_key: the servers' admin key (the pool reads their model configs), or ``None``.
         retry: how a request that failed for a passing reason is sent again.
+        priority: the class of its requests (``batch`` by default; not part of the job's
+            identity: a resumed job may run at another priority).
     """
 
     model: str = "embed"
@@ -52,6 +55,7 @@ class JobSettings:
     timeout_s: float = 120.0
     admin_key: str | None = None
     retry: RetryPolicy = BULK_RETRY
+    priority: Priority = Priority.BATCH
 
 
 def job_identity(source: Source, settings: JobSettings) -> dict:

@@ -93,12 +93,17 @@ class PairsRequest:
 
 @dataclass(frozen=True)
 class Channel:
-    """One server's ``tritonclient.grpc`` module, client, URL and deadline per call."""
+    """One server's ``tritonclient.grpc`` module, client, URL, deadline and priority per call.
+
+    ``priority`` is the Triton priority level every call is sent at
+    (:func:`triton_embed.priority.level_of`; 0: the server's default level).
+    """
 
     grpc: Any
     client: Any
     url: str
     timeout_s: float
+    priority: int = 0
 
 
 def _call(
@@ -156,6 +161,7 @@ def _call(
             outputs=[grpc.InferRequestedOutput(name) for name in outputs],
             client_timeout=channel.timeout_s,
             parameters=parameters or None,
+            **({"priority": channel.priority} if channel.priority else {}),
         )
     except Exception as exc:
         raise map_error(exc, channel.url, offset, size, items=items) from None
@@ -438,10 +444,11 @@ class ClientPart:
     """What a mixin of :class:`~triton_embed.client.EmbeddingClient` uses of the client.
 
     Its server (``url``, ``_client``, ``_grpc``), ``model``, ``timeout_s``,
-    ``max_concurrency``, ``retry``, and two of its methods.
+    ``max_concurrency``, ``retry``, ``priority_level``, and two of its methods.
     """
 
     model: str
+    priority_level: int
     url: str
     timeout_s: float
     max_concurrency: int

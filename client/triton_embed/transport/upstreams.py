@@ -49,6 +49,7 @@ from triton_embed.transport.failures import (
     status_name,
 )
 from triton_embed.transport.observer import NO_OBSERVER, PoolObserver
+from triton_embed.transport.priorities import PriorityGate, gate, priority_kwargs
 
 log = logging.getLogger("triton_embed.gateway")
 
@@ -163,7 +164,8 @@ class UpstreamPool:
         facts_reader: ``embedder config -> FolderFacts`` (default
             :func:`~.catalog.config_facts`; the gateway passes one that reads model folders).
         calls_per_model: calls in flight to one model on one upstream (``None``: any); more
-            wait here, in order, not past a step's ``max_queue_size`` where Triton says 429.
+            wait here by priority level (:func:`~.priorities.gate`), not past a step's
+            ``max_queue_size`` where Triton says 429.
     """
 
     def __init__(
@@ -181,7 +183,7 @@ class UpstreamPool:
         calls_per_model: int | None = None,
     ):
         self.targets, self.calls_per_model = list(targets), calls_per_model
-        self._gates: dict[tuple[str, str], asyncio.Semaphore] = {}
+        self._gates: dict[tuple[str, str], PriorityGate] = {}
         self.timeout_s = timeout_s
         self.observer = observer
         self._headers = grpc_headers(admin_key) or None
@@ -379,12 +381,6 @@ class UpstreamPool:
         rotated = candidates[self._turn :] + candidates[: self._turn]
         return min(rotated, key=lambda u: u.outstanding)
 
-    def _gate(self, address: str, model: str) -> contextlib.AbstractAsyncContextManager:
-        """What a call to ``model`` on ``address`` waits on (``calls_per_model``)."""
-        if self.calls_per_model is None:
-            return contextlib.nullcontext()
-        return self._gates.setdefault((address, model), asyncio.Semaphore(self.calls_per_model))
-
     async def infer(
         self,
         model: str,
@@ -425,13 +421,14 @@ class UpstreamPool:
             tried.append(upstream)
             upstream.outstanding += 1
             try:
-                async with self._gate(upstream.address, model):
+                async with gate(self._gates, (upstream.address, model), self.calls_per_model):
                     result = await upstream.client.infer(
                         model,
                         tensors_in,
                         outputs=requested,
                         parameters=dict(parameters) if parameters else None,
                         client_timeout=self.timeout_s,
+                        **priority_kwargs(),
                     )
             except asyncio.CancelledError:
                 raise

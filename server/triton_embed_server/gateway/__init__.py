@@ -9,7 +9,8 @@ module:
 
 * :mod:`~.settings`: the settings, parsed once; :mod:`~.command`: the command line, uvicorn;
   :mod:`~.protocol`: uvicorn's HTTP protocol with a request-header timeout;
-* :mod:`~.app`: the Starlette app, what every request goes through;
+* :mod:`~.app`: what every request goes through (:class:`~.app.Gateway`);
+  :mod:`~.routes`: the routes, and the app of the settings;
 * :mod:`~.openai_api`: ``/v1/embeddings``, ``/v1/models``;
   :mod:`~.tei_api`: ``/embed``, ``/tokenize``, ``/info``, ``/health``;
   :mod:`~.rerank_api`: Cohere's and Jina's ``/v1/rerank``, ``/v2/rerank``, TEI's and
@@ -23,8 +24,11 @@ module:
   (the facts reader the gateway gives its upstream pool);
 * :mod:`~.errors`: one error hierarchy, its statuses (a table over the transport's error
   kinds) and both APIs' envelopes;
-* :mod:`~.auth`: the API key; :mod:`~.metrics`: the gateway's Prometheus families (the
-  upstream pool's observer).
+* :mod:`~.auth`: the one API key; :mod:`~.tenants`: the tenants file and key lookup;
+  :mod:`~.tenancy`: who a request is, its rights and rate, reloads; :mod:`~.quota`: token
+  buckets; :mod:`~.fair`: the scheduler (classes, fair shares by tokens, caps);
+  :mod:`~.usage`: usage and cost per tenant and hour; :mod:`~.admin_api`: ``/admin/usage``;
+* :mod:`~.metrics`: the gateway's Prometheus families (the upstream pool's observer).
 
-Guide: docs/operations.md, "Gateway".
+Guides: docs/operations.md, "Gateway"; docs/tenants.md.
 """

@@ -2,8 +2,9 @@
 
 Every route's handler is wrapped by :meth:`Gateway.endpoint`, in this order:
 
-1. the API key (:mod:`~triton_embed_server.gateway.auth`), except on the health routes and
-   ``/metrics``;
+1. the API key selects the request's tenant (:mod:`~triton_embed_server.gateway.tenancy`;
+   401 without one), and the tenant's token rate admits it (429 ``rate_limit_exceeded``),
+   except on the health routes, ``/metrics`` and ``/admin/usage`` (the admin key's);
 2. a ``POST`` route's body: declared JSON (415), within ``--max-body-mb`` (413), within
    its read timeout (408, connection closed), nested at most 128 levels (400), parsed
    (:mod:`~triton_embed_server.gateway.body`); the headers' own timeout is the protocol's
@@ -23,29 +24,13 @@ Every route's handler is wrapped by :meth:`Gateway.endpoint`, in this order:
    one line, without a traceback, and counted as status 499 (nginx's "client closed
    request"), never as a 5xx;
 6. the request counted in the metrics (:mod:`~triton_embed_server.gateway.metrics`), with
-   the inputs and tokens its handler served.
+   the inputs and tokens its handler served, and in its tenant's bucket, usage row and
+   counters (:mod:`~triton_embed_server.gateway.usage`).
 
-==========================  ======  =====================================================
-route                       API     handler
-==========================  ======  =====================================================
-``POST /v1/embeddings``     OpenAI  :func:`~triton_embed_server.gateway.openai_api.embeddings`
-``GET /v1/models``          OpenAI  :func:`~triton_embed_server.gateway.openai_api.models`
-``POST /v1/rerank``         Cohere  :func:`~triton_embed_server.gateway.rerank_api.rerank_v1`
-``POST /v2/rerank``         Cohere  :func:`~triton_embed_server.gateway.rerank_api.rerank_v2`
-``POST /rerank``            TEI     :func:`~triton_embed_server.gateway.rerank_api.rerank`
-``POST /score``             vLLM    :func:`~triton_embed_server.gateway.score_api.score`
-``POST /v1/score``          vLLM    :func:`~triton_embed_server.gateway.score_api.score`
-``POST /embed``             TEI     :func:`~triton_embed_server.gateway.tei_api.embed`
-``POST /embed_sparse``      TEI     :func:`~triton_embed_server.gateway.tei_api.embed_sparse`
-``POST /embed_all``         TEI     :func:`~triton_embed_server.gateway.tei_api.embed_all`
-``POST /tokenize``          TEI     :func:`~triton_embed_server.gateway.tei_api.tokenize`
-``GET /info``               TEI     :func:`~triton_embed_server.gateway.tei_api.info`
-``GET /health``             TEI     :func:`~triton_embed_server.gateway.tei_api.health`
-``POST /``                  TEI     :func:`~triton_embed_server.gateway.tei_api.embed`
-``POST /invocations``       TEI     :func:`~triton_embed_server.gateway.tei_api.embed`
-``GET /``, ``GET /ping``    TEI     :func:`~triton_embed_server.gateway.tei_api.health`
-``GET /metrics``            (none)  Prometheus text format
-==========================  ======  =====================================================
+A handler's upstream work runs in :meth:`Gateway.upstream_turn`: the tenant's models (403),
+its turn in the scheduler (:mod:`~triton_embed_server.gateway.fair`) and its priority level.
+
+The routes and the app of the settings: :mod:`~triton_embed_server.gateway.routes`.
 """
 
 from __future__ import annotations
@@ -53,18 +38,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 from triton_embed.options import RequestOptions, Truncation
 from triton_embed.transport.catalog import (
     ModelInfo,
@@ -74,41 +55,35 @@ from triton_embed.transport.catalog import (
 )
 from triton_embed.transport.failures import TransportError
 from triton_embed.transport.inference import Pool, TokenBudget
-from triton_embed.transport.upstreams import UpstreamPool
+from triton_embed.transport.priorities import REQUEST_PRIORITY
 
-from triton_embed_server.gateway import openai_api, protocol, rerank_api, score_api, tei_api
-from triton_embed_server.gateway.auth import ApiKeyCheck
 from triton_embed_server.gateway.body import read_json_body
 from triton_embed_server.gateway.errors import (
     CLIENT_CLOSED_REQUEST,
     COHERE,
     OPENAI,
-    QUOTE_CHARS,
     TEI,
     ClientGone,
     GatewayError,
     Internal,
-    MethodNotAllowed,
     NotFound,
     Overloaded,
+    RateLimited,
     Timeout,
     Unavailable,
     from_transport,
     quote,
 )
-from triton_embed_server.gateway.folder_facts import folder_facts
+from triton_embed_server.gateway.fair import Scheduler, Ticket
 from triton_embed_server.gateway.kinds import model_of_kind, wrong_kind
 from triton_embed_server.gateway.merging import Merger
 from triton_embed_server.gateway.metrics import GatewayMetrics
-from triton_embed_server.gateway.settings import GatewaySettings, configure_logging
+from triton_embed_server.gateway.settings import GatewaySettings
+from triton_embed_server.gateway.tenancy import TenantRegistry
+from triton_embed_server.gateway.tenants import Tenant
+from triton_embed_server.gateway.usage import UsageLedger
 
 log = logging.getLogger("triton_embed.gateway")
-
-#: Environment variable through which ``--workers`` processes get the settings (JSON).
-SETTINGS_ENV = "TRITON_EMBED_GATEWAY_SETTINGS"
-
-#: The paths whose errors are in Cohere's envelope (404 and 405 too).
-COHERE_PATHS = ("/v1/rerank", "/v2/rerank")
 
 Handler = Callable[["Gateway", Request, "RequestState"], Awaitable[Response]]
 
@@ -124,6 +99,7 @@ class RequestState:
             vLLM's API by the body), else ``None``: the route's.
         inputs: texts embedded or pairs scored (for the metrics; 0: none).
         tokens: their tokens, the sum of ``NUM_TOKENS``.
+        tenant: who sent it (``None`` before its key was checked, and on public routes).
     """
 
     model: str = ""
@@ -131,6 +107,7 @@ class RequestState:
     api: str | None = None
     inputs: int = 0
     tokens: int = 0
+    tenant: Tenant | None = None
 
 
 class Gateway:
@@ -141,7 +118,11 @@ class Gateway:
         pool: the upstreams (:class:`~triton_embed.transport.upstreams.UpstreamPool`, or a
             test double).
         metrics: the gateway's metrics (the pool's, when it has them).
-        api_key: the key clients must send, or ``None``.
+        api_key: the key clients must send, or ``None`` (one tenant, or an open gateway;
+            ignored when ``tenants`` is given).
+        tenants: the tenants (``--tenants``); ``None``: those of ``api_key``.
+        admin_key: the servers' admin key, which also opens ``GET /admin/usage``
+            (``None``: that route is closed).
     """
 
     def __init__(
@@ -150,12 +131,17 @@ class Gateway:
         pool: Pool,
         metrics: GatewayMetrics,
         api_key: str | None,
+        tenants: TenantRegistry | None = None,
+        admin_key: str | None = None,
     ):
         self.settings = settings
         self.pool = pool
         self.metrics = metrics
         self.merger = Merger(pool, settings.merge_in_flight, metrics)
-        self.auth = ApiKeyCheck(api_key)
+        self.tenancy = tenants or TenantRegistry.from_sources(None, api_key)
+        self.scheduler = Scheduler(settings.max_upstream_requests)
+        self.usage = UsageLedger()
+        self.admin_key = admin_key
         self.max_body_bytes = settings.max_body_bytes
         self.body_timeout_s = settings.body_timeout_s
         self.deadline_s = settings.timeout_s
@@ -242,6 +228,47 @@ class Gateway:
             per_text *= model.max_chunks
         return TokenBudget(self.max_request_tokens, per_text, field)
 
+    @contextlib.asynccontextmanager
+    async def upstream_turn(
+        self, state: RequestState, model: str, estimate: int
+    ) -> AsyncIterator[Ticket]:
+        """A request's upstream work: its tenant's rights, its turn, its priority level.
+
+        Checks the tenant may use ``model`` (403), waits for the request's turn in the
+        scheduler (:mod:`~triton_embed_server.gateway.fair`: interactive first, fair shares
+        by tokens within a class, ``max_concurrency``), and sends the upstream calls made
+        in the body at the tenant's Triton priority level
+        (:data:`~triton_embed.transport.upstreams.REQUEST_PRIORITY`). Set the ticket's
+        ``tokens`` to the tokens served.
+
+        Args:
+            state: the request's state (its tenant).
+            model: the ensemble's name the request resolved to.
+            estimate: its tokens, estimated (:func:`~.fair.estimate_tokens`).
+
+        Raises:
+            Forbidden: the tenant may not use ``model``.
+        """
+        tenant = state.tenant
+        if tenant is None:
+            raise Internal("a request reached the upstreams without a tenant")
+        self.tenancy.check_model(tenant, model, self.resolve_name)
+        ticket = Ticket(
+            tenant.name, tenant.priority.level, tenant.weight, tenant.max_concurrency,
+            max(1, estimate),
+        )  # fmt: skip
+        async with self.scheduler.turn(ticket):
+            level = REQUEST_PRIORITY.set(tenant.priority.level)
+            try:
+                yield ticket
+            finally:
+                REQUEST_PRIORITY.reset(level)
+
+    def resolve_name(self, name: str) -> str | None:
+        """The ensemble a model name or alias stands for, or ``None``."""
+        info = self.pool.catalog.resolve(name)
+        return None if info is None else info.name
+
     def endpoint(
         self,
         route: str,
@@ -267,9 +294,11 @@ class Gateway:
             started = time.perf_counter()
             state = RequestState()
             entered = False
+            refusal = None
             try:
                 if not public:
-                    self.auth.check(request.headers.get("authorization"))
+                    state.tenant = self.tenancy.identify(request.headers.get("authorization"))
+                    self.tenancy.admit(state.tenant)
                 if body:
                     state.body = await read_json_body(
                         request, self.max_body_bytes, self.body_timeout_s
@@ -292,6 +321,8 @@ class Gateway:
                 )
                 if error.status >= 500:
                     log.warning("%s %s: %d %s", request.method, route, error.status, error)
+                if error.status == 429:
+                    refusal = "rate_limited" if isinstance(error, RateLimited) else "overloaded"
                 response = error_response(error, state.api or api)
             except ClientGone as gone:
                 log.info("%s %s: %s; counted as %d", request.method, route, gone,
@@ -316,9 +347,26 @@ class Gateway:
                 state.inputs if served else 0,
                 state.tokens if served else 0,
             )
+            if not public:
+                self._account(state, response.status_code, refusal)
             return response
 
         return run
+
+    def _account(self, state: RequestState, status: int, refusal: str | None) -> None:
+        """A tenant's answered request: its bucket, its usage row and its counters."""
+        tenant = state.tenant
+        name = "" if tenant is None else tenant.name
+        served = status == 200
+        inputs, tokens = (state.inputs, state.tokens) if served else (0, 0)
+        usd = self.tenancy.usd_per_million_tokens
+        self.metrics.observe_tenant(name, status, inputs, tokens, usd)
+        if refusal is not None:
+            self.metrics.count_refusal(name, refusal)
+        if tenant is not None:
+            self.tenancy.charge(tenant, tokens)
+            if served:
+                self.usage.record(tenant.name, inputs, tokens)
 
     async def _serve(
         self, handler: Handler, request: Request, state: RequestState, *, watch: bool
@@ -373,128 +421,3 @@ def error_response(error: GatewayError, api: str) -> Response:
         headers=error.headers(),
         media_type="application/json",
     )
-
-
-async def _no_route(request: Request, exc: HTTPException) -> Response:
-    """An unknown path (404) or method (405), in the envelope its path suggests."""
-    path = request.url.path
-    path = path if len(path) <= QUOTE_CHARS else quote(path)
-    api = COHERE if path in COHERE_PATHS else OPENAI if path.startswith("/v1/") else TEI
-    if exc.status_code == 405:
-        error: GatewayError = MethodNotAllowed(f"{path} does not take {request.method}")
-    else:
-        error = NotFound(
-            f"no route {request.method} {path}; the routes are POST /v1/embeddings, GET "
-            "/v1/models, POST /v1/rerank, POST /v2/rerank, POST /score, POST /v1/score, "
-            "POST /embed, POST /embed_sparse, POST /embed_all, POST /tokenize, POST /rerank, "
-            "GET /info, GET /health, GET /metrics (and TEI's POST /, POST /invocations, GET /, "
-            "GET /ping)",
-            code="unknown_route",
-        )
-    response = error_response(error, api)
-    if exc.headers:
-        response.headers.update(exc.headers)  # Allow: on a 405
-    return response
-
-
-async def _metrics(gateway: Gateway, request: Request, state: RequestState) -> Response:
-    text, content_type = gateway.metrics.render()
-    return Response(text, media_type=content_type)
-
-
-def build_app(gateway: Gateway, *, lifespan: Callable | None = None) -> Starlette:
-    """The Starlette app of ``gateway``'s routes."""
-    e = gateway.endpoint
-    routes = [
-        Route(
-            "/v1/embeddings",
-            e("/v1/embeddings", OPENAI, openai_api.embeddings, body=True),
-            methods=["POST"],
-        ),
-        Route("/v1/models", e("/v1/models", OPENAI, openai_api.models), methods=["GET"]),
-        Route(
-            "/v1/rerank", e("/v1/rerank", COHERE, rerank_api.rerank_v1, body=True), methods=["POST"]
-        ),
-        Route(
-            "/v2/rerank", e("/v2/rerank", COHERE, rerank_api.rerank_v2, body=True), methods=["POST"]
-        ),
-        Route("/rerank", e("/rerank", TEI, rerank_api.rerank, body=True), methods=["POST"]),
-        Route("/score", e("/score", OPENAI, score_api.score, body=True), methods=["POST"]),
-        Route("/v1/score", e("/v1/score", OPENAI, score_api.score, body=True), methods=["POST"]),
-        Route("/embed", e("/embed", TEI, tei_api.embed, body=True), methods=["POST"]),
-        Route(
-            "/embed_sparse",
-            e("/embed_sparse", TEI, tei_api.embed_sparse, body=True),
-            methods=["POST"],
-        ),  # fmt: skip
-        Route("/embed_all", e("/embed_all", TEI, tei_api.embed_all, body=True), methods=["POST"]),
-        Route("/tokenize", e("/tokenize", TEI, tei_api.tokenize, body=True), methods=["POST"]),
-        Route("/info", e("/info", TEI, tei_api.info, counted=False), methods=["GET"]),
-        # TEI's base-URL routes: POST / and /invocations embed, GET / and /ping are health.
-        Route("/", e("/", TEI, tei_api.embed, body=True), methods=["POST"]),
-        Route("/invocations", e("/invocations", TEI, tei_api.embed, body=True), methods=["POST"]),
-    ]
-    for path in ("/health", "/", "/ping"):
-        health = e(path, TEI, tei_api.health, public=True, counted=False)
-        routes.append(Route(path, health, methods=["GET"]))
-    routes.append(
-        Route("/metrics", e("/metrics", TEI, _metrics, public=True, counted=False), methods=["GET"])
-    )
-    return Starlette(
-        routes=routes,
-        lifespan=lifespan,
-        exception_handlers={404: _no_route, 405: _no_route},
-    )
-
-
-def create_app(settings: GatewaySettings) -> Starlette:
-    """The gateway app for ``settings``: its upstream pool starts and stops with the app.
-
-    Reads the API key and the admin key (their files or the environment) here, in the
-    process that serves.
-
-    Raises:
-        OSError, ValueError: a key file cannot be read or holds no usable key.
-    """
-    metrics = GatewayMetrics()
-    pool = UpstreamPool(
-        settings.targets,
-        admin_key=settings.admin_key(),
-        timeout_s=settings.timeout_s,
-        observer=metrics,
-        facts_reader=folder_facts,
-        calls_per_model=settings.max_upstream_calls,
-    )
-    gateway = Gateway(settings, pool, metrics, settings.api_key())
-    protocol.configure(
-        settings.header_timeout_s,
-        on_refused=lambda status: metrics.observe(
-            "", "", status, settings.header_timeout_s if status == 408 else 0.0
-        ),
-    )
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await pool.start()
-        log.info(
-            "gateway listening on %s:%s in front of %s (%d of %d upstreams ready; API key %s)",
-            settings.host,
-            settings.port,
-            ", ".join(settings.upstreams),
-            sum(u.ready for u in pool.upstreams.values()),
-            len(pool.upstreams),
-            "required" if gateway.auth.enabled else "not required: every route is open",
-        )
-        try:
-            yield
-        finally:
-            await pool.stop()
-
-    return build_app(gateway, lifespan=lifespan)
-
-
-def create_app_from_env() -> Starlette:
-    """:func:`create_app` of the settings in :data:`SETTINGS_ENV` (``--workers`` processes)."""
-    settings = GatewaySettings.from_json(os.environ[SETTINGS_ENV])
-    configure_logging(settings.log_level)
-    return create_app(settings)

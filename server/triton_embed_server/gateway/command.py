@@ -1,7 +1,7 @@
 """The command line: ``triton-embed gateway``, ``python -m triton_embed_server.gateway``.
 
 Both take the flags of :func:`add_gateway_args` and end in :func:`run`:
-uvicorn serving :func:`~triton_embed_server.gateway.app.create_app`, with uvloop when it is
+uvicorn serving :func:`~triton_embed_server.gateway.routes.create_app`, with uvloop when it is
 installed and the gateway's HTTP protocol (uvicorn's httptools or h11 protocol with a
 request-header timeout, :mod:`~triton_embed_server.gateway.protocol`), one worker process
 unless ``--workers N``.
@@ -37,6 +37,14 @@ _FLAGS = (
         Path,
         "file holding the key clients must send as 'Authorization: Bearer <key>' "
         "(default: TRITON_EMBED_GATEWAY_API_KEY; neither: no key, every route open)",
+    ),
+    (
+        "--tenants",
+        Path,
+        "tenants file (YAML): per tenant its keys' SHA-256 digests, priority class "
+        "(interactive or batch), models, tokens_per_minute and burst, max_concurrency, "
+        "weight; re-read on SIGHUP and when it changes (docs/tenants.md). Replaces "
+        "--api-key-file",
     ),
     (
         "--admin-key-file",
@@ -89,6 +97,12 @@ _FLAGS = (
         "(default %(default)s)",
     ),
     (
+        "--max-upstream-requests",
+        positive_int,
+        "requests doing upstream work at once; more wait in the gateway, interactive "
+        "tenants first, then fair shares by tokens within a class (default %(default)s)",
+    ),
+    (
         "--default-model",
         str,
         "the model of the TEI routes /embed, /tokenize, /info (default %(default)s)",
@@ -112,6 +126,10 @@ _FLAGS = (
 )
 
 
+#: Flags whose settings field is not the flag's name.
+_FIELD_OF = {"--tenants": "tenants_file"}
+
+
 def add_gateway_args(p: argparse.ArgumentParser) -> None:
     """The flags of the gateway, defined once.
 
@@ -128,7 +146,8 @@ def add_gateway_args(p: argparse.ArgumentParser) -> None:
         "addresses every few seconds (a headless Kubernetes Service); may be repeated",
     )
     for flag, kind, text in _FLAGS:
-        p.add_argument(flag, type=kind, default=_DEFAULT[flag[2:].replace("-", "_")], help=text)
+        field = _FIELD_OF.get(flag, flag[2:].replace("-", "_"))
+        p.add_argument(flag, type=kind, default=_DEFAULT[field], dest=field, help=text)
     p.add_argument(
         "--log-level",
         choices=("critical", "error", "warning", "info", "debug"),
@@ -167,11 +186,11 @@ def run(settings: GatewaySettings) -> None:
     """
     import uvicorn
 
-    from triton_embed_server.gateway.app import SETTINGS_ENV, create_app
     from triton_embed_server.gateway.protocol import protocol_class
+    from triton_embed_server.gateway.routes import SETTINGS_ENV, create_app
 
     configure_logging(settings.log_level)
-    settings.api_key()  # fail now, with the file's name, rather than in a worker
+    settings.tenant_registry()  # fail now, with the file's name and line, not in a worker
     settings.admin_key()
     options = {
         "host": settings.host,
@@ -185,7 +204,7 @@ def run(settings: GatewaySettings) -> None:
     if settings.workers > 1:
         os.environ[SETTINGS_ENV] = settings.to_json()
         uvicorn.run(
-            "triton_embed_server.gateway.app:create_app_from_env",
+            "triton_embed_server.gateway.routes:create_app_from_env",
             factory=True,
             workers=settings.workers,
             **options,

@@ -24,6 +24,8 @@ error (status): OpenAI ``type`` / ``code``; TEI ``error_type``
   for an empty input list)
 * :class:`Unauthorized` (401): ``invalid_request_error`` / ``invalid_api_key``;
   ``Unauthorized``
+* :class:`Forbidden` (403): ``permission_error`` / ``model_not_allowed``; ``Unauthorized``
+  (the tenant may not use that model)
 * :class:`NotFound` (404): ``invalid_request_error`` / ``model_not_found`` (or
   ``unknown_route``); ``NotFound``
 * :class:`MethodNotAllowed` (405): ``invalid_request_error`` / ``method_not_allowed``;
@@ -34,6 +36,9 @@ error (status): OpenAI ``type`` / ``code``; TEI ``error_type``
   ``too_many_inputs``; ``Validation``
 * :class:`UnsupportedMediaType` (415): ``invalid_request_error`` /
   ``unsupported_media_type``; ``Validation``
+* :class:`RateLimited` (429, ``Retry-After`` the seconds until the tenant's token bucket
+  refills): ``tokens`` / ``rate_limit_exceeded``; ``Overloaded`` (the tenant is over its
+  ``tokens_per_minute``, as OpenAI answers a rate limit: distinct from the server's overload)
 * :class:`Overloaded` (429): ``rate_limit_error`` / ``overloaded``; ``Overloaded``
 * :class:`Internal` (500): ``server_error`` / ``internal``; ``Backend``
 * :class:`UpstreamError` (502): ``api_error`` / ``upstream_error``; ``Backend``
@@ -165,6 +170,13 @@ class Unauthorized(
     """401: the ``Authorization: Bearer`` key is missing or wrong."""
 
 
+class Forbidden(
+    GatewayError,
+    **_answer(403, "model_not_allowed", "Unauthorized", openai_type="permission_error"),
+):
+    """403: the request's tenant may not use the model it asked for."""
+
+
 class NotFound(GatewayError, **_answer(404, "model_not_found", "NotFound")):
     """404: no upstream serves a model of that name or alias."""
 
@@ -235,6 +247,25 @@ class Overloaded(
     ),
 ):
     """429: too many requests in the gateway, or every upstream's queue is full."""
+
+
+class RateLimited(
+    GatewayError, **_answer(429, "rate_limit_exceeded", "Overloaded", openai_type="tokens")
+):
+    """429: the tenant is over its token rate; ``Retry-After`` says when it may send again.
+
+    Args:
+        message: what was wrong and what to do.
+        retry_after_s: whole seconds until the tenant's bucket holds tokens again.
+    """
+
+    def __init__(self, message: str, *, retry_after_s: int):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str]:
+        """``Retry-After``: the seconds until the tenant may send again."""
+        return {"Retry-After": str(self.retry_after_s)}
 
 
 class UpstreamError(

@@ -33,6 +33,7 @@ from triton_embed.transport.catalog import ModelInfo
 from triton_embed.transport.inference import MAX_INPUTS
 
 from triton_embed_server.gateway.errors import BadRequest, EmptyInput, TooLarge, quote
+from triton_embed_server.gateway.fair import estimate_tokens
 
 if TYPE_CHECKING:
     from triton_embed_server.gateway.app import Gateway, RequestState
@@ -299,19 +300,29 @@ async def embed_inputs(
         text_options: the options that bound the tokens (``truncation``); default
             ``options``.
 
+    The upstream calls run in the request's turn (:meth:`~.app.Gateway.upstream_turn`:
+    its tenant's rights to ``model``, fair shares, priority level).
+
     Raises:
         BadRequest: an empty text the model does not embed.
+        Forbidden: the request's tenant may not use ``model``.
         TransportError: a piece failed, or the inputs are over the token budget.
     """
     state.model = model.name
     check_not_empty(inputs, model, field)
     budget = gateway.token_budget(model, text_options or options, field)
     if inputs.texts is not None:
-        result = await gateway.merger.embed_texts(model, inputs.texts, options, budget)
+        estimate = estimate_tokens([len(t) for t in inputs.texts], budget.max_tokens_per_text)
     else:
-        result = await inference.embed_token_ids(
-            gateway.pool, model, inputs.token_ids or [], options, budget
-        )
+        estimate = sum(len(ids) for ids in inputs.token_ids or [])
+    async with gateway.upstream_turn(state, model.name, estimate) as turn:
+        if inputs.texts is not None:
+            result = await gateway.merger.embed_texts(model, inputs.texts, options, budget)
+        else:
+            result = await inference.embed_token_ids(
+                gateway.pool, model, inputs.token_ids or [], options, budget
+            )
+        turn.tokens = int(result.num_tokens.sum())
     state.inputs = len(inputs)
-    state.tokens = int(result.num_tokens.sum())
+    state.tokens = turn.tokens
     return result

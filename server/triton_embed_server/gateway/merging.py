@@ -50,25 +50,28 @@ from triton_embed.transport import inference
 from triton_embed.transport.catalog import ModelInfo
 from triton_embed.transport.failures import ErrorKind, TransportError
 from triton_embed.transport.inference import Embeddings, Pool
+from triton_embed.transport.priorities import REQUEST_PRIORITY
 
 from triton_embed_server.gateway.metrics import GatewayMetrics
 
-#: ``(ensemble, request options)``.
-MergeKey = tuple[ModelInfo, RequestOptions]
+#: ``(ensemble, request options, priority level)``.
+MergeKey = tuple[ModelInfo, RequestOptions, int]
 
 
-def merge_key(model: ModelInfo, options: RequestOptions) -> MergeKey:
-    """The key under which requests may share a call: the ensemble and its request options.
+def merge_key(model: ModelInfo, options: RequestOptions, priority: int = 0) -> MergeKey:
+    """The key under which requests may share a call: the ensemble, options and priority.
 
     Two requests share a key when their options are equal
     (:class:`~triton_embed.options.RequestOptions` is frozen, its values parsed: typed and
-    hashable).
+    hashable) and their tenants' classes send the same Triton priority level (a merged call
+    is sent at one level, :data:`~triton_embed.transport.upstreams.REQUEST_PRIORITY`).
 
     Args:
         model: the ensemble the request resolved to.
         options: the request's options.
+        priority: the request's priority level (0: the server's default).
     """
-    return model, options
+    return model, options, priority
 
 
 def split(embeddings: Embeddings, counts: Sequence[int]) -> list[Embeddings]:
@@ -200,7 +203,7 @@ class Merger:
     async def _merged(
         self, model: ModelInfo, texts: Sequence[bytes], options: RequestOptions
     ) -> Embeddings:
-        key = merge_key(model, options)
+        key = merge_key(model, options, REQUEST_PRIORITY.get())
         queue = self._queues.get(key)
         if queue is None:
             queue = self._queues[key] = _KeyQueue()

@@ -21,6 +21,16 @@ Families (docs/operations.md, "Metric catalogue"):
   ready and used, 0 while it is taken out;
 * ``triton_embed_gateway_upstream_retries_total``: upstream calls sent again to another
   upstream after the first one failed (unreachable, or its queue full);
+* ``triton_embed_gateway_tenant_requests_total{tenant, status}``: answered requests of a
+  tenant (``tenant=""``: no key or an unknown one, 401);
+* ``triton_embed_gateway_tenant_texts_total{tenant}``, ``..._tenant_tokens_total{tenant}``:
+  texts (or pairs) and tokens it was served (answered 200);
+* ``triton_embed_gateway_tenant_cost_usd_total{tenant}``: their cost
+  (``usd_per_million_tokens`` of the tenants file);
+* ``triton_embed_gateway_tenant_refusals_total{tenant, reason}``: requests refused for the
+  tenant's own limits or rights: ``unauthorized`` (401), ``model_not_allowed`` (403),
+  ``rate_limited`` (429 over its token rate), ``overloaded`` (429 of the gateway or server);
+* ``triton_embed_gateway_tenant_errors_total{tenant, status}``: its requests answered 5xx;
 * ``triton_embed_gateway_merged_requests``: histogram of requests per upstream call of
   request merging (``--merge-in-flight``; 1: a request sent alone,
   :mod:`~triton_embed_server.gateway.merging`).
@@ -55,6 +65,8 @@ DURATION_BUCKETS_S = (
 )  # fmt: skip
 #: Requests per merged call: up to the ensemble's max_batch_size (64) single-text requests.
 MERGED_REQUESTS_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+#: The refusals counted by status alone (429 by its cause: :meth:`count_refusal`).
+REFUSAL_REASONS = {401: "unauthorized", 403: "model_not_allowed"}
 _KINDS = {COUNTER: Counter, GAUGE: Gauge, HISTOGRAM: Histogram}
 
 
@@ -136,12 +148,67 @@ class GatewayMetrics:
             "Upstream calls sent again to another upstream after the first one failed.",
             kind="counter",
         )
+        self.tenant_requests = family(
+            "triton_embed_gateway_tenant_requests_total",
+            "Requests answered by the gateway, by tenant and HTTP status.",
+            *("tenant", "status"),
+            kind="counter",
+        )
+        self.tenant_texts = family(
+            "triton_embed_gateway_tenant_texts_total",
+            "Texts (or query-document pairs) served to a tenant.",
+            "tenant",
+            kind="counter",
+        )
+        self.tenant_tokens = family(
+            "triton_embed_gateway_tenant_tokens_total",
+            "Tokens served to a tenant (the sum of NUM_TOKENS).",
+            "tenant",
+            kind="counter",
+        )
+        self.tenant_cost = family(
+            "triton_embed_gateway_tenant_cost_usd_total",
+            "USD cost of the tokens served to a tenant (usd_per_million_tokens).",
+            "tenant",
+            kind="counter",
+        )
+        self.tenant_refusals = family(
+            "triton_embed_gateway_tenant_refusals_total",
+            "Requests of a tenant refused, by reason.",
+            *("tenant", "reason"),
+            kind="counter",
+        )
+        self.tenant_errors = family(
+            "triton_embed_gateway_tenant_errors_total",
+            "Requests of a tenant answered with a server error (5xx), by status.",
+            *("tenant", "status"),
+            kind="counter",
+        )
         self.merged_requests = family(
             "triton_embed_gateway_merged_requests",
             "Requests per upstream call of the ensemble made by request merging (1: alone).",
             kind="histogram",
             buckets=MERGED_REQUESTS_BUCKETS,
         )
+
+    def observe_tenant(
+        self, tenant: str, status: int, texts: int, tokens: int, usd_per_million_tokens: float
+    ) -> None:
+        """Count one answered request of ``tenant``, and what it was served when 200."""
+        self.tenant_requests.labels(tenant, str(status)).inc()
+        if status == 200 and (texts or tokens):
+            self.tenant_texts.labels(tenant).inc(texts)
+            self.tenant_tokens.labels(tenant).inc(tokens)
+            self.tenant_cost.labels(tenant).inc(tokens * usd_per_million_tokens / 1e6)
+        reason = REFUSAL_REASONS.get(status)
+        if reason is not None:
+            self.tenant_refusals.labels(tenant, reason).inc()
+        if status >= 500:
+            self.tenant_errors.labels(tenant, str(status)).inc()
+
+    def count_refusal(self, tenant: str, reason: str) -> None:
+        """Count a refusal of ``tenant``'s request for ``reason`` (a 429's cause)."""
+        self.tenant_refusals.labels(tenant, reason).inc()
 
     def observe(
         self, route: str, model: str, status: int, seconds: float, inputs: int = 0, tokens: int = 0

@@ -22,10 +22,11 @@ The answer is OpenAI's shape, ``{"object": "list", "data": [{"object": "embeddin
 "index": i, "embedding": [...] | "<base64>"}], "model": <as requested>, "usage":
 {"prompt_tokens": N, "total_tokens": N}}``, N the sum of ``NUM_TOKENS``.
 
-``GET /v1/models`` lists every name ``model`` accepts: each ensemble and each alias, of
-both kinds, in OpenAI's list shape plus ``root`` (the ensemble a name stands for, as vLLM
-writes it), ``kind`` (``embedding`` or ``reranker``), ``dimension`` (``null`` for a
-reranker) and ``max_length`` (the token budget per text, or per query-document pair).
+``GET /v1/models`` lists every name ``model`` accepts (of the models the request's tenant
+may use): each ensemble and each alias, of both kinds, in OpenAI's list shape plus
+``root`` (the ensemble a name stands for, as vLLM writes it), ``kind`` (``embedding`` or
+``reranker``), ``dimension`` (``null`` for a reranker) and ``max_length`` (the token budget
+per text, or per query-document pair).
 
 ``model`` naming a reranker is 400 (``wrong_model_kind``, naming the routes that serve it).
 """
@@ -54,6 +55,7 @@ from triton_embed_server.gateway.inputs import (
 
 if TYPE_CHECKING:
     from triton_embed_server.gateway.app import Gateway, RequestState
+    from triton_embed_server.gateway.tenants import Tenant
 
 FIELDS = (
     "input",
@@ -205,13 +207,17 @@ async def embeddings(gateway: Gateway, request: Request, state: RequestState) ->
     )
 
 
-def render_models(gateway: Gateway) -> bytes:
-    """OpenAI's model list: every ensemble and every alias."""
+def render_models(gateway: Gateway, tenant: Tenant | None = None) -> bytes:
+    """OpenAI's model list: every ensemble and every alias (those ``tenant`` may use)."""
     catalog = gateway.pool.catalog
     data = []
     for name in catalog.names():
         info = catalog.resolve(name)
         if info is None:
+            continue
+        if tenant is not None and not gateway.tenancy.may_use(
+            tenant, info.name, gateway.resolve_name
+        ):
             continue
         data.append(
             {
@@ -231,4 +237,4 @@ def render_models(gateway: Gateway) -> bytes:
 async def models(gateway: Gateway, request: Request, state: RequestState) -> Response:
     """``GET /v1/models``."""
     gateway.require_ready()
-    return Response(render_models(gateway), media_type=JSON)
+    return Response(render_models(gateway, state.tenant), media_type=JSON)

@@ -32,6 +32,7 @@ from triton_embed.transport.catalog import RerankerInfo
 from triton_embed.transport.scoring import Scores, score_pairs
 
 from triton_embed_server.gateway.errors import BadRequest, EmptyInput, TooLarge, quote
+from triton_embed_server.gateway.fair import estimate_tokens
 
 if TYPE_CHECKING:
     from triton_embed_server.gateway.app import Gateway, RequestState
@@ -262,7 +263,11 @@ async def score(
         queries = [cut(q, model.max_chars) for q in queries]
         documents = [cut(d, model.max_chars) for d in documents]
     budget = gateway.pair_budget(model, field)
-    result = await score_pairs(gateway.pool, model, queries, documents, options, budget)
+    sizes = [len(queries[0 if len(queries) == 1 else i]) + len(d) for i, d in enumerate(documents)]
+    estimate = estimate_tokens(sizes, model.max_length)
+    async with gateway.upstream_turn(state, model.name, estimate) as turn:
+        result = await score_pairs(gateway.pool, model, queries, documents, options, budget)
+        turn.tokens = int(result.num_tokens.sum())
     state.inputs = len(documents)
-    state.tokens = int(result.num_tokens.sum())
+    state.tokens = turn.tokens
     return result

@@ -134,7 +134,7 @@ def configure(header_timeout_s: float, on_refused: Callable[[int], None] | None 
 
     uvicorn makes one protocol object per connection from the class it is given, so the
     settings are the class's (one gateway app per process; each ``--workers`` process
-    configures its own, :func:`~triton_embed_server.gateway.app.create_app`).
+    configures its own, :func:`~triton_embed_server.gateway.routes.create_app`).
 
     Raises:
         ValueError: ``header_timeout_s`` is not > 0.

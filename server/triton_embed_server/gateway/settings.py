@@ -22,6 +22,7 @@ from triton_embed.transport.inference import MAX_INPUTS
 
 from triton_embed_server.gateway.auth import load_api_key
 from triton_embed_server.gateway.protocol import DEFAULT_HEADER_TIMEOUT_S
+from triton_embed_server.gateway.tenancy import TenantRegistry
 from triton_embed_server.steps.config import CHARS_PER_TOKEN_CAP
 
 #: The shipped model's token budget per text (``model_repository/embed``: ``max_length``).
@@ -49,6 +50,10 @@ DEFAULT_MAX_UPSTREAM_CALLS = 32
 #: take 21-60 s. (The largest request the other limits allow, 2,048 x 256 = 524,288 tokens,
 #: would take 37-105 s.)
 DEFAULT_MAX_REQUEST_TOKENS = 2**17
+#: Requests doing upstream work at once (``--max-upstream-requests``); more wait in the
+#: gateway's scheduler, in class and fair-share order. 64: the most the benchmarks keep in
+#: flight (perf/README.md, 1 text/request x 64), so one class alone never waits here.
+DEFAULT_MAX_UPSTREAM_REQUESTS = 64
 #: Seconds a request's body may take beyond its size's share (``--body-timeout-s``).
 DEFAULT_BODY_TIMEOUT_S = 20.0
 
@@ -74,7 +79,9 @@ class GatewaySettings:
         host: the address to listen on.
         port: the port to listen on.
         api_key_file: file holding the key clients must send (``None``: the environment
-            variable ``TRITON_EMBED_GATEWAY_API_KEY``, else no key).
+            variable ``TRITON_EMBED_GATEWAY_API_KEY``, else no key); one tenant.
+        tenants_file: the tenants file (YAML, :mod:`~triton_embed_server.gateway.tenants`);
+            it replaces ``api_key_file``.
         admin_key_file: file holding the servers' admin key (``None``: where
             :func:`triton_embed.admin.read_admin_key` looks).
         max_body_mb: the largest request body, MiB (``None``: :data:`DEFAULT_MAX_BODY_BYTES`).
@@ -88,6 +95,9 @@ class GatewaySettings:
         merge_in_flight: upstream calls per model and request parameters before further
             small text requests wait and are merged into one call (0: no merging;
             :mod:`~triton_embed_server.gateway.merging`).
+        max_upstream_requests: requests doing upstream work at once; more wait in the
+            gateway's scheduler (:mod:`~triton_embed_server.gateway.fair`: interactive
+            first, fair shares by tokens within a class).
         max_upstream_calls: calls in flight to one model on one upstream; a request's
             further pieces wait in the gateway for a free one
             (:class:`~triton_embed.transport.upstreams.UpstreamPool`, ``calls_per_model``).
@@ -104,6 +114,7 @@ class GatewaySettings:
     host: str = "127.0.0.1"
     port: int = 8080
     api_key_file: str | None = None
+    tenants_file: str | None = None
     admin_key_file: str | None = None
     max_body_mb: float | None = None
     max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS
@@ -112,6 +123,7 @@ class GatewaySettings:
     max_in_flight: int = 512
     merge_in_flight: int = 0
     max_upstream_calls: int = DEFAULT_MAX_UPSTREAM_CALLS
+    max_upstream_requests: int = DEFAULT_MAX_UPSTREAM_REQUESTS
     default_model: str = DEFAULT_MODEL
     default_reranker: str | None = None
     timeout_s: float = 60.0
@@ -127,11 +139,17 @@ class GatewaySettings:
             "body_timeout_s": self.body_timeout_s,
             "max_in_flight": self.max_in_flight,
             "max_upstream_calls": self.max_upstream_calls,
+            "max_upstream_requests": self.max_upstream_requests,
             "timeout_s": self.timeout_s,
         }
         bad = [f"{name}={value}" for name, value in positive.items() if not value > 0]
         if bad:
             raise ValueError(f"{', '.join(bad)}: each must be > 0")
+        if self.api_key_file is not None and self.tenants_file is not None:
+            raise ValueError(
+                "give --tenants or --api-key-file, not both: the tenants file holds every key "
+                "(add the key's digest to a tenant there)"
+            )
         if self.merge_in_flight < 0:
             raise ValueError(
                 f"merge_in_flight must be >= 0 (0: no merging), got {self.merge_in_flight}"
@@ -145,6 +163,7 @@ class GatewaySettings:
             host=args.host,
             port=args.port,
             api_key_file=None if args.api_key_file is None else str(args.api_key_file),
+            tenants_file=None if args.tenants_file is None else str(args.tenants_file),
             admin_key_file=None if args.admin_key_file is None else str(args.admin_key_file),
             max_body_mb=args.max_body_mb,
             max_request_tokens=args.max_request_tokens,
@@ -153,6 +172,7 @@ class GatewaySettings:
             max_in_flight=args.max_in_flight,
             merge_in_flight=args.merge_in_flight,
             max_upstream_calls=args.max_upstream_calls,
+            max_upstream_requests=args.max_upstream_requests,
             default_model=args.default_model,
             default_reranker=args.default_reranker,
             timeout_s=args.timeout_s,
@@ -190,6 +210,17 @@ class GatewaySettings:
             OSError, ValueError: the file cannot be read or holds no usable key.
         """
         return load_api_key(None if self.api_key_file is None else Path(self.api_key_file))
+
+    def tenant_registry(self) -> TenantRegistry:
+        """The tenants: of :attr:`tenants_file`, else of the API key, else an open gateway.
+
+        Raises:
+            OSError, ValueError: a file cannot be read or is not valid (a tenants file's
+                error names its line, field and reason).
+        """
+        if self.tenants_file is not None:
+            return TenantRegistry.from_sources(Path(self.tenants_file), None)
+        return TenantRegistry.from_sources(None, self.api_key())
 
     def admin_key(self) -> str | None:
         """The servers' admin key, or ``None`` when none is configured.

@@ -67,6 +67,7 @@ from triton_embed.transport import inference
 from triton_embed.transport.catalog import ModelInfo, ModelKind, RerankerInfo
 
 from triton_embed_server.gateway.errors import BadRequest, Unavailable, quote
+from triton_embed_server.gateway.fair import estimate_tokens
 from triton_embed_server.gateway.inputs import (
     FORMS,
     Inputs,
@@ -308,7 +309,10 @@ async def tokenize(gateway: Gateway, request: Request, state: RequestState) -> R
     state.model = model.name
     texts, options = parse_tokenize_request(state.body)
     check_not_empty(Inputs(texts=texts), model, "inputs")
-    token_ids = await inference.tokenize(gateway.pool, model, texts, options)
+    estimate = estimate_tokens([len(t) for t in texts], model.max_length)
+    async with gateway.upstream_turn(state, model.name, estimate) as turn:
+        token_ids = await inference.tokenize(gateway.pool, model, texts, options)
+        turn.tokens = sum(len(ids) for ids in token_ids)
     tokens = [
         [{"id": i, "text": None, "special": None, "start": None, "stop": None} for i in ids]
         for ids in token_ids

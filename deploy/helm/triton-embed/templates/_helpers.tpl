@@ -86,6 +86,10 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- .Values.gateway.apiKey.existingSecret | default (printf "%s-gateway-api-key" (include "triton-embed.fullname" .)) -}}
 {{- end -}}
 
+{{- define "triton-embed.gatewayTenantsSecretName" -}}
+{{- .Values.gateway.tenants.existingSecret | default (printf "%s-gateway-tenants" (include "triton-embed.fullname" .)) -}}
+{{- end -}}
+
 {{/* A Secret's value: the one already in the cluster (kept across upgrades), else random. */}}
 {{- define "triton-embed.keepOrGenerate" -}}
 {{- $root := index . 0 -}}{{- $name := index . 1 -}}{{- $key := index . 2 -}}

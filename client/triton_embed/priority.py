@@ -1,0 +1,69 @@
+"""Request priority classes and the Triton priority levels they map to, defined once.
+
+Triton's dynamic batcher keeps one queue per priority level (``priority_levels``) and serves
+a lower level number first; a request that sends no priority (0) gets
+``default_priority_level``. Every step config the repository renders (tokenizer, embedder,
+pair tokenizer, scorer, sparse encoder; CPU and GPU variants) states the levels below, and a
+unit test checks them against this module (tests/unit/test_priority_configs.py):
+
+==============  =====  ===============================================================
+class           level  who
+==============  =====  ===============================================================
+``interactive`` 1      search queries, agents: served first; the server's default level
+``batch``       2      bulk indexing (``triton-embed embed`` sends it by default)
+==============  =====  ===============================================================
+
+A step's ``default_queue_policy`` is the interactive level's bound and timeout (it is what a
+request without a priority gets, as before priorities existed); ``priority_queue_policy``
+``key: 2`` is the batch level's own bound and timeout.
+"""
+
+from __future__ import annotations
+
+import enum
+
+#: Priority levels of every step's dynamic batcher (``priority_levels``).
+PRIORITY_LEVELS = 2
+
+
+class Priority(str, enum.Enum):
+    """A request's class: ``interactive`` (level 1, first) or ``batch`` (level 2)."""
+
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+
+    @property
+    def level(self) -> int:
+        """The Triton priority level sent with the request (1 is served first)."""
+        return _LEVELS[self]
+
+    @classmethod
+    def parse(cls, value: Priority | str, what: str = "priority") -> Priority:
+        """``value`` as a :class:`Priority` (case-insensitive).
+
+        Raises:
+            ValueError: not ``interactive`` or ``batch`` (names ``what`` and the values).
+        """
+        if isinstance(value, Priority):
+            return value
+        try:
+            return cls(str(value).strip().lower())
+        except ValueError:
+            raise ValueError(
+                f"{what} must be one of {', '.join(p.value for p in cls)}; got {value!r}"
+            ) from None
+
+
+_LEVELS = {Priority.INTERACTIVE: 1, Priority.BATCH: 2}
+#: The level of a request that sends none (``default_priority_level``): interactive.
+DEFAULT_PRIORITY = Priority.INTERACTIVE
+DEFAULT_PRIORITY_LEVEL = DEFAULT_PRIORITY.level
+
+
+def level_of(priority: Priority | str | None) -> int:
+    """The priority sent on the wire: 0 (the server's default level) for ``None``.
+
+    Raises:
+        ValueError: an unknown class name.
+    """
+    return 0 if priority is None else Priority.parse(priority).level

@@ -1,0 +1,61 @@
+"""A tenant's token rate: one token bucket per tenant, charged by the tokens it was served.
+
+The gateway knows a request's tokens only once the tokenizer step has counted them (the
+ensemble's ``NUM_TOKENS``), so a request is admitted while its tenant's bucket holds more
+than 0 tokens and charged afterwards by what it was served; the bucket may go below 0 (a
+debt), and the tenant's next requests are refused until the refill has paid it back. The
+bucket holds at most ``burst`` tokens and refills at ``tokens_per_minute / 60`` tokens per
+second. A refused request is answered 429 with ``Retry-After``: the whole seconds until the
+bucket is above 0 again (at least 1). Over a long run a tenant is served at most
+``tokens_per_minute`` plus one ``burst``, plus what its requests in flight at the moment it
+ran dry carry (bounded by its ``max_concurrency``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+
+class TokenBucket:
+    """One tenant's bucket.
+
+    Args:
+        tokens_per_minute: the refill rate.
+        burst: the bucket's size, tokens (it starts full).
+        clock: seconds, monotonic (tests pass their own).
+    """
+
+    def __init__(
+        self, tokens_per_minute: int, burst: int, clock: Callable[[], float] = time.monotonic
+    ):
+        self.clock = clock
+        self.rate_per_s = tokens_per_minute / 60.0
+        self.burst = float(burst)
+        self.level = float(burst)
+        self.updated = clock()
+
+    def reconfigure(self, tokens_per_minute: int, burst: int) -> None:
+        """New rate and size (a reloaded tenants file); the level is kept, capped at ``burst``."""
+        self._refill()
+        self.rate_per_s = tokens_per_minute / 60.0
+        self.burst = float(burst)
+        self.level = min(self.level, self.burst)
+
+    def _refill(self) -> None:
+        now = self.clock()
+        self.level = min(self.burst, self.level + (now - self.updated) * self.rate_per_s)
+        self.updated = now
+
+    def retry_after_s(self) -> int:
+        """0 when a request may go now, else the whole seconds until it may (>= 1)."""
+        self._refill()
+        if self.level > 0:
+            return 0
+        return max(1, math.ceil((1.0 - self.level) / self.rate_per_s))
+
+    def charge(self, tokens: int) -> None:
+        """Take ``tokens`` served (the level may go below 0)."""
+        self._refill()
+        self.level -= tokens

@@ -31,12 +31,14 @@ from triton_embed.options import (
     INPUT_TYPE,
     INVALID_UTF8,
     TRUNCATION,
+    UNCHUNKED_TRUNCATIONS,
     InvalidUtf8,
     OptionError,
     RequestOptions,
     Truncation,
     check_known,
     parse_flag,
+    parse_unchunked_truncation,
 )
 
 #: The request parameters a multi-vector model takes, in documentation order.
@@ -44,7 +46,7 @@ MULTIVECTOR_NAMES = (TRUNCATION, ALLOW_EMPTY, INVALID_UTF8, INPUT_TYPE)
 #: The ``input_type`` values of a multi-vector model; the first is the default.
 INPUT_TYPES = ("document", "query")
 #: The truncations a multi-vector model offers.
-MULTIVECTOR_TRUNCATIONS = (Truncation.NONE, Truncation.END, Truncation.START)
+MULTIVECTOR_TRUNCATIONS = UNCHUNKED_TRUNCATIONS
 
 
 def parse_multivector_truncation(value: Any, what: str = TRUNCATION) -> Truncation:
@@ -53,17 +55,8 @@ def parse_multivector_truncation(value: Any, what: str = TRUNCATION) -> Truncati
     Raises:
         OptionError: another value, or ``CHUNK`` (names ``what`` and the allowed values).
     """
-    truncation = Truncation.parse(value, what)
-    if truncation not in MULTIVECTOR_TRUNCATIONS:
-        allowed = ", ".join(t.value for t in MULTIVECTOR_TRUNCATIONS)
-        raise OptionError(
-            what,
-            value,
-            allowed,
-            f"is not offered for multi-vector models (each window would bring its own special "
-            f"tokens and marker); use one of {allowed}",
-        )
-    return truncation
+    why = "each window would bring its own special tokens and marker"
+    return parse_unchunked_truncation(value, what, "multi-vector models", why)
 
 
 def parse_side(value: Any, what: str = INPUT_TYPE) -> str:

@@ -262,6 +262,32 @@ DEFAULT_INVALID_UTF8 = InvalidUtf8.ERROR
 DEFAULT_EMBEDDING_TYPE = EmbeddingType.FLOAT32
 
 
+#: The truncations of the kinds whose output is one answer per window of text (sparse,
+#: multi-vector): every one but ``CHUNK``, which is an embedding model's.
+UNCHUNKED_TRUNCATIONS = (Truncation.NONE, Truncation.END, Truncation.START)
+
+
+def parse_unchunked_truncation(value: Any, what: str, kind: str, why: str) -> Truncation:
+    """Parse ``NONE`` / ``END`` / ``START`` (case-insensitive) for a ``kind`` of model.
+
+    Args:
+        value: the value sent.
+        what: the option's name in the message.
+        kind: the model kind in the message ("sparse models").
+        why: why ``CHUNK`` is not offered for it (the message's parenthesis).
+
+    Raises:
+        OptionError: another value, or ``CHUNK`` (names ``what`` and the allowed values).
+    """
+    truncation = Truncation.parse(value, what)
+    if truncation not in UNCHUNKED_TRUNCATIONS:
+        allowed = ", ".join(t.value for t in UNCHUNKED_TRUNCATIONS)
+        raise OptionError(
+            what, value, allowed, f"is not offered for {kind} ({why}); use one of {allowed}"
+        )
+    return truncation
+
+
 def parse_flag(value: Any, what: str = ALLOW_EMPTY) -> bool:
     """Parse a boolean: ``True``/``False``, or ``true``/``false``/``1``/``0``/``yes``/``no``.
 

@@ -24,6 +24,9 @@ import enum
 
 #: Priority levels of every step's dynamic batcher (``priority_levels``).
 PRIORITY_LEVELS = 2
+#: The batch level's queue timeout over the interactive level's: it waits behind the
+#: interactive queue (its bound is the same).
+BATCH_TIMEOUT_FACTOR = 2
 
 
 class Priority(str, enum.Enum):

@@ -37,6 +37,7 @@ from triton_embed.options import (
     INPUT_TYPE,
     INVALID_UTF8,
     TRUNCATION,
+    UNCHUNKED_TRUNCATIONS,
     InvalidUtf8,
     OptionError,
     RequestOptions,
@@ -45,6 +46,7 @@ from triton_embed.options import (
     parse_dimensions,
     parse_flag,
     parse_input_type,
+    parse_unchunked_truncation,
 )
 
 TOP_K = "top_k"
@@ -52,7 +54,7 @@ THRESHOLD = "threshold"
 #: The request parameters a sparse model takes, in documentation order.
 SPARSE_NAMES = (TRUNCATION, ALLOW_EMPTY, INVALID_UTF8, INPUT_TYPE, TOP_K, THRESHOLD)
 #: The truncations a sparse model offers (``CHUNK`` is an embedding model's).
-SPARSE_TRUNCATIONS = (Truncation.NONE, Truncation.END, Truncation.START)
+SPARSE_TRUNCATIONS = UNCHUNKED_TRUNCATIONS
 
 
 def parse_sparse_truncation(value: Any, what: str = TRUNCATION) -> Truncation:
@@ -61,17 +63,8 @@ def parse_sparse_truncation(value: Any, what: str = TRUNCATION) -> Truncation:
     Raises:
         OptionError: another value, or ``CHUNK`` (names ``what`` and the allowed values).
     """
-    truncation = Truncation.parse(value, what)
-    if truncation not in SPARSE_TRUNCATIONS:
-        allowed = ", ".join(t.value for t in SPARSE_TRUNCATIONS)
-        raise OptionError(
-            what,
-            value,
-            allowed,
-            f"is not offered for sparse models (one window's sparse vector is not a merge of "
-            f"several); use one of {allowed}",
-        )
-    return truncation
+    why = "one window's sparse vector is not a merge of several"
+    return parse_unchunked_truncation(value, what, "sparse models", why)
 
 
 def parse_top_k(value: Any, what: str = TOP_K) -> int:

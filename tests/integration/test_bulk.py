@@ -31,7 +31,7 @@ from triton_embed_server.run.launcher import TritonServer
 from triton_embed_server.run.supervisor import remove_shm_regions
 
 from perf.bulk import measure
-from tests.helpers import COSINE_MIN, cosines, stub_regions
+from tests.helpers import COSINE_MIN, VECTOR_ATOL, cosines, stub_regions
 
 pytestmark = [pytest.mark.integration]
 
@@ -104,7 +104,9 @@ def test_shards_equal_the_in_memory_path_and_match_the_reference(server, tmp_pat
         "part-00002.parquet",
     ]  # fmt: skip
     assert vectors.dtype == np.float32 and vectors.shape == (300, DIM)
-    assert np.array_equal(vectors, np.load(tmp_path / "c.npy"))
+    # the two paths batch the texts differently: equal within VECTOR_ATOL (bit-equal at float32
+    # on most hosts, not at bfloat16 where oneDNN picks AMX kernels by the batch's shape)
+    np.testing.assert_allclose(vectors, np.load(tmp_path / "c.npy"), rtol=0, atol=VECTOR_ATOL)
     manifest = json.loads((tmp_path / "out" / "_manifest.json").read_text())
     assert manifest["complete"] and manifest["rows"] == 300 and manifest["dimension"] == DIM
     assert [s["rows"] for s in manifest["shards"]] == [128, 128, 44]
@@ -152,7 +154,7 @@ def test_sigkill_then_the_same_command_equals_an_uninterrupted_run(server, tmp_p
     ids2, counts2, vectors2 = read_output(tmp_path / "whole")
     assert ids == ids2 == list(range(4000))
     assert np.array_equal(counts, counts2)
-    assert np.array_equal(vectors, vectors2)  # bit-identical
+    np.testing.assert_allclose(vectors, vectors2, rtol=0, atol=VECTOR_ATOL)  # batched differently
     assert json.loads(manifest_path.read_text())["rows"] == 4000
     assert "OK, 4000 rows in 16 shards" in run_cli(["verify", out, corpus], server).stdout
 

@@ -513,7 +513,12 @@ def test_cancelled_requests_queued_at_the_embedder(server):
 
 
 def test_the_client_cancels_on_timeout_and_sends_no_more_pieces(server):
-    """16 pieces of 64 x 256 tokens, 1 s deadline: at most the 4 in flight are computed."""
+    """16 pieces of 64 x 256 tokens, 0.5 s deadline: at most the 4 in flight are computed.
+
+    The deadline is shorter than one piece's engine time (16,384 tokens: 0.8 s at bfloat16
+    on an AMX core, the fastest host measured; at 1 s one piece finished there and the
+    client rightly sent a fifth), so no piece ends before it.
+    """
     from triton_embed import EmbeddingClient
     from triton_embed.errors import EmbedTimeoutError
 
@@ -522,7 +527,7 @@ def test_the_client_cancels_on_timeout_and_sends_no_more_pieces(server):
     before = settled_counts(server, grpc, "embedder")
     tokenized_before = settled_counts(server, grpc, "tokenizer")
     with EmbeddingClient(
-        server.grpc_url, timeout_s=1.0, max_concurrency=4, batch_size=64, retry=None
+        server.grpc_url, timeout_s=0.5, max_concurrency=4, batch_size=64, retry=None
     ) as client:
         t0 = time.monotonic()
         with pytest.raises(EmbedTimeoutError, match="timed out"):

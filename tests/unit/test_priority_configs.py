@@ -48,9 +48,12 @@ def test_every_step_config_is_found():
         "scorer_gpu.pbtxt",
         "sparse_encoder_cpu.pbtxt",
         "sparse_encoder_gpu.pbtxt",
+        "token_encoder_cpu.pbtxt",
+        "token_encoder_gpu.pbtxt",
     } <= names
-    assert len(STEP_CONFIGS) == 8  # tokenizer, embedder CPU/GPU, pair tokenizer, scorer x2,
-    # sparse encoder x2 (the sparse tokenizer is the shipped tokenizer)
+    assert len(STEP_CONFIGS) == 10  # tokenizer, embedder CPU/GPU, pair tokenizer, scorer x2,
+    # sparse encoder x2, token encoder x2 (the sparse and multi-vector tokenizers are the
+    # shipped tokenizer's template)
 
 
 @pytest.mark.parametrize("path", STEP_CONFIGS, ids=lambda p: f"{p.parent.name}/{p.name}")

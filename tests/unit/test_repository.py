@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from google.protobuf import text_format
+from triton_embed.priority import Priority
 from triton_embed_server.models.repository.copies import (
     MODEL_REPOSITORY,
     copy_repository,
@@ -151,9 +152,19 @@ def test_edit_config_sets_the_queue_policy_and_nothing_else(repo):
     assert policy.timeout_action == before.dynamic_batching.default_queue_policy.timeout_action
     before.dynamic_batching.default_queue_policy.max_queue_size = 4
     before.dynamic_batching.default_queue_policy.default_timeout_microseconds = 2_000_000
+    # the batch level: the same bound, BATCH_TIMEOUT_FACTOR (2) times the timeout
+    batch = after.dynamic_batching.priority_queue_policy[Priority.BATCH.level]
+    assert (batch.max_queue_size, batch.default_timeout_microseconds) == (4, 4_000_000)
+    before.dynamic_batching.priority_queue_policy[Priority.BATCH.level].max_queue_size = 4
+    before.dynamic_batching.priority_queue_policy[
+        Priority.BATCH.level
+    ].default_timeout_microseconds = 4_000_000
     assert after == before
     only_size = parse(edit_config(repo / "tokenizer" / "config.pbtxt", max_queue_size=0))
     assert only_size.dynamic_batching.default_queue_policy.max_queue_size == 0  # unbounded
+    assert (
+        only_size.dynamic_batching.priority_queue_policy[Priority.BATCH.level].max_queue_size == 0
+    )
     assert only_size.dynamic_batching.default_queue_policy.default_timeout_microseconds > 0
 
 

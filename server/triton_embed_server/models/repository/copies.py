@@ -32,6 +32,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from triton_embed.priority import BATCH_TIMEOUT_FACTOR
+
 MODEL_REPOSITORY = Path(__file__).resolve().parents[4] / "model_repository"
 
 # ModelInstanceGroup.Kind of Triton's model_config.proto; tritonclient ships the message:
@@ -241,7 +243,12 @@ def set_max_queue_delay(text: str, microseconds: int) -> str:
 def set_queue_policy(
     text: str, max_queue_size: int | None = None, timeout_us: int | None = None
 ) -> str:
-    """``text`` with fields of ``dynamic_batching { default_queue_policy { ... } }`` replaced.
+    """``text`` with the queue bound and timeout of every priority level replaced.
+
+    The interactive level's are ``dynamic_batching { default_queue_policy { ... } }``; a
+    ``priority_queue_policy`` (the batch level, :mod:`triton_embed.priority`) gets the same
+    bound and :data:`~triton_embed.priority.BATCH_TIMEOUT_FACTOR` times the timeout, as the
+    shipped configs state them.
 
     Args:
         text: a ``config.pbtxt``.
@@ -250,28 +257,34 @@ def set_queue_policy(
 
     Raises:
         ValueError: no ``dynamic_batching`` block, none or several ``default_queue_policy``
-            blocks in it, the policy lacks the field, or a value is not an integer >= 0.
+            blocks in it, a policy lacks the field, or a value is not an integer >= 0.
     """
     fields = (
-        ("max_queue_size", max_queue_size),
-        ("default_timeout_microseconds", timeout_us),
+        ("max_queue_size", max_queue_size, 1),
+        ("default_timeout_microseconds", timeout_us, BATCH_TIMEOUT_FACTOR),
     )
-    for name, value in fields:
+    for name, value, _ in fields:
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
     masked = _mask(text)
     outer, outer_end = _single_block(masked, "dynamic_batching")
-    start, end = _single_block(masked, "default_queue_policy", outer, outer_end)
+    policies = [(*_single_block(masked, "default_queue_policy", outer, outer_end), False)]
+    for m in re.finditer(r"\bpriority_queue_policy\s*\{", masked[outer:outer_end]):
+        at = outer + m.start()
+        policies.append((*_single_block(masked, "priority_queue_policy", at, outer_end), True))
     edits = []
-    for name, value in fields:
-        if value is None:
-            continue
-        found = list(re.finditer(rf"\b{name}\s*:\s*(\d+)", masked[start:end]))
-        if len(found) != 1:
-            raise ValueError(f"expected one default_queue_policy {name}, found {len(found)}")
-        edits.append((start + found[0].start(1), start + found[0].end(1), str(value)))
+    for start, end, other_level in policies:
+        for name, value, factor in fields:
+            if value is None:
+                continue
+            found = list(re.finditer(rf"\b{name}\s*:\s*(\d+)", masked[start:end]))
+            if len(found) != 1:
+                block = "priority_queue_policy" if other_level else "default_queue_policy"
+                raise ValueError(f"expected one {block} {name}, found {len(found)}")
+            written = value * factor if other_level else value
+            edits.append((start + found[0].start(1), start + found[0].end(1), str(written)))
     return _apply(text, edits)
 
 

@@ -128,6 +128,9 @@ def test_cli_embed_under_overload_writes_every_text_once_in_order(
         "--url", small_queue_server.grpc_url, "--batch-size", "2", "--concurrency", "4",
         "--retries", str(PATIENT.retries), "--retry-max-wait-s", str(PATIENT.max_wait_s),
         "--no-progress",
+        # the load is interactive: a batch job has its own queue level, which the load does
+        # not fill (so it is never refused by it); at the load's level the CLI meets the refusals
+        "--priority", "interactive",
     ]  # fmt: skip
     load = BackgroundLoad(small_queue_server.grpc_url, texts[:1], CLIENTS, pause_s=POLITE)
     with load:

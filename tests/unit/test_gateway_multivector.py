@@ -132,3 +132,36 @@ def test_the_catalog_reads_a_multivector_ensemble_and_its_cap():
     assert info.piece_size(None) == 42
     models = {m["id"]: m for m in make_client(TokensPool())[0].get("/v1/models").json()["data"]}
     assert models["colbert"]["kind"] == "multivector"
+
+
+def test_embed_all_refuses_more_inputs_than_one_response_may_carry_before_any_call():
+    # 16 tokens x 3 values x 4 bytes = 192 bytes per input; a 1,000-byte cap holds 5 inputs
+    small_cap = MultiVectorInfo(**{**COLBERT.__dict__, "max_response_bytes": 1000})
+    c, pool, _ = make_client(TokensPool(models=(MODEL, small_cap)))
+    r = post(c, "/embed_all", {"inputs": ["dog"] * 5})
+    assert r.status_code == 200, r.text
+    calls = len(pool.calls)
+    r = post(c, "/embed_all", {"inputs": ["dog"] * 6})
+    assert r.status_code == 413, r.text
+    assert r.json()["error_type"] == "Validation"
+    assert r.json()["error"] == (
+        "/embed_all takes at most 5 inputs for model 'colbert', got 6: each may carry 16 "
+        "tokens x 3 values x 4 bytes = 192 bytes and a response at most 1000 bytes (the "
+        "model's max_response_bytes); send at most 5 inputs per request"
+    )
+    assert len(pool.calls) == calls  # refused before any upstream call
+
+
+def test_token_id_pieces_fit_the_response_cap_as_text_pieces_do():
+    # 192 bytes per input at full length (16 x 3 x 4): 5 under a 1,000-byte cap
+    capped = MultiVectorInfo(
+        **{**COLBERT.__dict__, "embedder_max_batch_size": 64, "max_response_bytes": 1000}
+    )
+    assert capped.token_ids_piece_size() == 5
+    assert capped.piece_size(None) == min(capped.max_batch_size, 5)
+    assert (
+        MultiVectorInfo(
+            **{**COLBERT.__dict__, "embedder_max_batch_size": 64}
+        ).token_ids_piece_size()
+        == 64
+    )

@@ -165,6 +165,10 @@ class ModelInfo:
             per_text *= self.max_chunks
         return max(1, min(self.max_batch_size, self.max_request_tokens // per_text))
 
+    def token_ids_piece_size(self) -> int:
+        """Token-ID lists per call of the token step (the embedder's ``max_batch_size``)."""
+        return self.embedder_max_batch_size
+
     @classmethod
     def from_configs(
         cls,
@@ -262,7 +266,14 @@ class MultiVectorInfo(ModelInfo):
 
     def piece_size(self, truncation: Truncation | str | None) -> int:
         """Texts per upstream call: within the token budget and the response cap."""
-        most = super().piece_size(truncation)
+        return self._within_cap(super().piece_size(truncation))
+
+    def token_ids_piece_size(self) -> int:
+        """Token-ID lists per call of the token encoder: within the response cap too."""
+        return self._within_cap(super().token_ids_piece_size())
+
+    def _within_cap(self, most: int) -> int:
+        """``most``, or fewer: inputs whose full-length matrices fit :attr:`max_response_bytes`."""
         if self.dimension is None or self.max_length is None:
             return most
         per_text = token_matrix_bytes(self.max_length, self.dimension)

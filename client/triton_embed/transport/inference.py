@@ -395,7 +395,7 @@ async def embed_token_ids(
         )  # fmt: skip
         return _embedding_elements(raw[model.output], stop - start, model.embedder), 0
 
-    results = await each_piece(len(payloads), model.embedder_max_batch_size, call)
+    results = await each_piece(len(payloads), model.token_ids_piece_size(), call)
     counts = np.array([len(ids) for ids in token_ids], dtype=np.int32)
     return Embeddings([e for piece in results for e in piece], counts)
 

@@ -51,6 +51,7 @@ Unknown fields are 400 (TEI ignores them; a misspelt option is better refused).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
@@ -62,11 +63,12 @@ from starlette.responses import Response
 from triton_embed.multivector_options import MultiVectorOptions
 from triton_embed.options import OptionError, RequestOptions, Truncation
 from triton_embed.reranking import MAX_DOCUMENTS
+from triton_embed.serving_limits import token_matrix_bytes
 from triton_embed.sparse_options import SparseOptions
 from triton_embed.transport import inference
-from triton_embed.transport.catalog import ModelInfo, ModelKind, RerankerInfo
+from triton_embed.transport.catalog import ModelInfo, ModelKind, MultiVectorInfo, RerankerInfo
 
-from triton_embed_server.gateway.errors import BadRequest, Unavailable, quote
+from triton_embed_server.gateway.errors import BadRequest, TooLarge, Unavailable, quote
 from triton_embed_server.gateway.fair import estimate_tokens
 from triton_embed_server.gateway.inputs import (
     FORMS,
@@ -248,10 +250,41 @@ def parse_embed_all_request(body: Any) -> tuple[Inputs, MultiVectorOptions, str 
     return inputs, options, model
 
 
+def check_embed_all_size(model: MultiVectorInfo, inputs: int) -> None:
+    """Refuse an ``/embed_all`` request whose answer could exceed one server response.
+
+    An ``/embed_all`` response carries at most the model's ``max_response_bytes`` of float32
+    token matrices (16 MiB by default; about 10 bytes of JSON per value, so about 45 MB of
+    JSON), whatever the pieces the gateway splits it into: at most ``max_response_bytes //
+    (4 x max_length x dim)`` inputs, each counted at the model's full token budget (the
+    bound is known before any work is done). A bigger job is several requests, or the
+    client library's ``embed_tokens`` (raw float32, split for you).
+
+    Raises:
+        TooLarge: more inputs than that (413, naming the arithmetic).
+    """
+    if model.dimension is None or model.max_length is None:
+        return
+    per_input = token_matrix_bytes(model.max_length, model.dimension)
+    most = max(1, model.max_response_bytes // per_input)
+    if inputs > most:
+        raise TooLarge(
+            f"/embed_all takes at most {most} inputs for model {quote(model.name)}, got "
+            f"{inputs}: each may carry {model.max_length} tokens x {model.dimension} values x "
+            f"4 bytes = {per_input} bytes and a response at most {model.max_response_bytes} "
+            f"bytes (the model's max_response_bytes); send at most {most} inputs per request",
+            param="inputs",
+        )
+
+
 async def embed_all(gateway: Gateway, request: Request, state: RequestState) -> Response:
-    """``POST /embed_all``: TEI's token embeddings, ``[[[float, ...], ...], ...]``."""
+    """``POST /embed_all``: TEI's token embeddings, ``[[[float, ...], ...], ...]``.
+
+    Bounded by :func:`check_embed_all_size`; the JSON is written off the event loop.
+    """
     inputs, options, name = parse_embed_all_request(state.body)
     model = gateway.vectors_model(name, ModelKind.MULTIVECTOR)
+    check_embed_all_size(model, len(inputs))
     result = await embed_inputs(
         gateway, state, model, inputs, options, "inputs", options.text_options()
     )
@@ -259,7 +292,8 @@ async def embed_all(gateway: Gateway, request: Request, state: RequestState) -> 
         matrices = result.token_matrices()
     except ValueError as exc:
         raise inference.bad_answer(model.name, exc) from None
-    return Response(orjson.dumps(matrices, option=orjson.OPT_SERIALIZE_NUMPY), media_type=JSON)
+    body = await asyncio.to_thread(orjson.dumps, matrices, option=orjson.OPT_SERIALIZE_NUMPY)
+    return Response(body, media_type=JSON)
 
 
 def l2_normalized(matrix: np.ndarray) -> np.ndarray:

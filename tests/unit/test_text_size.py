@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from types import SimpleNamespace
 
@@ -106,3 +107,12 @@ def test_check_is_constant_time_on_a_100_mib_text():
         f"text 0 is {100 << 20} bytes, over the limit of 1048576 bytes per text"
     )
     check_text_size(b"a" * (1 << 20), 0, config, max_text_bytes(config))  # at the limit: fine
+
+
+@pytest.mark.parametrize("kind", ["sparse", "multivector"])
+def test_a_kind_without_chunk_is_not_told_to_use_it(kind):
+    config = dataclasses.replace(_config(max_chars="50", max_chunks="2"), kind=kind)
+    with pytest.raises(TextTooLargeError) as caught:
+        check_text_size(b"x" * 401, 1, config, max_text_bytes(config))
+    assert "CHUNK" not in str(caught.value)
+    assert "max_chunks=2: the longest text this model's step reads" in str(caught.value)

@@ -176,12 +176,21 @@ def check_text_size(payload: bytes, index: int, config: TokenizerConfig, limit: 
             to do; the text itself is not quoted.
     """
     if len(payload) > limit:
+        why = (
+            f"max_chunks={config.max_chunks}: the longest text truncation=CHUNK accepts"
+            if offers_chunk(config)
+            else f"max_chunks={config.max_chunks}: the longest text this model's step reads"
+        )
         raise TextTooLargeError(
             f"text {index} is {len(payload)} bytes, over the limit of {limit} bytes per text "
-            f"({UTF8_MAX} bytes per character x max_chars={config.max_chars} x "
-            f"max_chunks={config.max_chunks}: the longest text truncation=CHUNK accepts); "
+            f"({UTF8_MAX} bytes per character x max_chars={config.max_chars} x {why}); "
             "split it into texts under the limit, or send only the part to embed"
         )
+
+
+def offers_chunk(config: TokenizerConfig) -> bool:
+    """Whether the step's kind offers ``truncation=CHUNK`` (sparse and multi-vector do not)."""
+    return config.kind not in ("sparse", "multivector")
 
 
 class TextTokenizer:
@@ -409,7 +418,8 @@ class TextTokenizer:
         if truncation is Truncation.NONE:
             raise TooLongError(
                 f"text {index} has {n} tokens; the model accepts {limit}; "
-                "shorten it or set the request parameter truncation=END, START or CHUNK"
+                "shorten it or set the request parameter truncation="
+                + ("END, START or CHUNK" if offers_chunk(self.config) else "END or START")
             )
         if truncation is Truncation.END:
             return [body[:budget]]

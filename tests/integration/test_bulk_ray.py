@@ -18,12 +18,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from triton_embed.corpus import read_fortunes
 from triton_embed_server.run.launcher import free_port
+
+from tests.helpers import VECTOR_ATOL
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -126,8 +129,15 @@ def test_ray_data_on_two_nodes_equals_the_cli(server, ray_cluster, tmp_path):
     cli_table = pq.read_table(cli_out)
     assert ray_table.schema.remove_metadata().equals(cli_table.schema.remove_metadata())
     assert ray_table.column("id").to_pylist() == list(range(7, 7 + ROWS))
-    for column in ("id", "num_tokens", "embedding"):
+    for column in ("id", "num_tokens"):
         assert ray_table.column(column).equals(cli_table.column(column)), column
+    # batched differently by the two jobs: equal within VECTOR_ATOL (not bit for bit at
+    # bfloat16, where oneDNN picks AMX kernels by the batch's shape)
+    ray_vectors, cli_vectors = (
+        np.stack(t.column("embedding").to_numpy(zero_copy_only=False))
+        for t in (ray_table, cli_table)
+    )
+    np.testing.assert_allclose(ray_vectors, cli_vectors, rtol=0, atol=VECTOR_ATOL)
     verify = subprocess.run(
         [sys.executable, "-m", "triton_embed.cli", "verify", ray_out, corpus],
         capture_output=True, text=True, timeout=120,

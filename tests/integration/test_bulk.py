@@ -7,7 +7,8 @@ checked (docs/bulk.md):
 * the shards equal the in-memory ``.npy`` path bit for bit (same ids, token counts), and the
   vectors match sentence-transformers;
 * SIGKILL mid-run, the same command again: the output equals an uninterrupted run's (same
-  ids, vectors bit-identical), ``verify`` passes, a changed input is refused;
+  ids, vectors within VECTOR_ATOL; shards written before the kill kept byte for byte),
+  ``verify`` passes, a changed input is refused;
 * peak RSS does not grow with the corpus (a budget over a small run's peak that the larger
   corpus's vectors exceed several times);
 * two servers behind ``--url a,b``, b SIGKILLed mid-run: every id once.

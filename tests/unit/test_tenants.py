@@ -191,3 +191,18 @@ def test_the_example_file_of_the_docs_is_valid():
     assert tenants.identify("search-key-example").name == "search"
     assert tenants.identify("indexer-key-example").name == "indexer"
     assert tenants.identify("nightly-key-example").name == "nightly"
+
+
+def test_a_field_given_twice_is_refused_with_its_second_line():
+    text = (
+        "tenants:\n"
+        "  - name: alpha\n"
+        "    keys_sha256: ['" + "a" * 64 + "']\n"
+        "    models: [colbert]\n"
+        "    models: [embed]\n"
+    )
+    with pytest.raises(TenantsFileError) as caught:
+        parse_tenants(text, "t.yaml")
+    assert str(caught.value) == (
+        "t.yaml, line 5: the field 'models' is given twice in one mapping; keep one"
+    )

@@ -220,6 +220,30 @@ def _check_unique(parsed: TenantsFile, root: yaml.Node | None, source: str) -> N
             owner[digest] = tenant.name
 
 
+def _check_no_repeated_fields(root: yaml.Node | None, source: str) -> None:
+    """Refuse a mapping that states a field twice (YAML keeps the last one silently).
+
+    Raises:
+        TenantsFileError: names the repeated field and its second line.
+    """
+    stack = [root] if root is not None else []
+    while stack:
+        node = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            seen: set[str] = set()
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode):
+                    if key.value in seen:
+                        raise TenantsFileError(
+                            f"{source}, line {key.start_mark.line + 1}: the field "
+                            f"{key.value!r} is given twice in one mapping; keep one"
+                        )
+                    seen.add(key.value)
+                stack.append(value)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+
+
 def parse_tenants(text: str, source: str = "the tenants file") -> Tenants:
     """The tenants of a file's text.
 
@@ -240,6 +264,7 @@ def parse_tenants(text: str, source: str = "the tenants file") -> Tenants:
         raise TenantsFileError(f"{source}{line}: not valid YAML: {reason}") from None
     if data is None or data == "":
         raise TenantsFileError(f"{source}: the file is empty; it needs a 'tenants' list")
+    _check_no_repeated_fields(root, source)
     try:
         parsed = TenantsFile.model_validate(data)
     except ValidationError as exc:

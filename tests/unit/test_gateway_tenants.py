@@ -171,6 +171,18 @@ def test_a_model_the_tenant_may_not_use_is_403_in_each_apis_envelope(setup):
                   reason="model_not_allowed") == 3  # fmt: skip
 
 
+def test_a_model_the_tenant_may_not_use_is_403_before_the_routes_own_checks(setup):
+    # "other" may use rerank only: a request for embed with a bad option is 403, not the 400
+    # that would tell it what the model accepts
+    c, pool, _, _ = setup
+    body = {"model": "embed", "input": "x", "dimensions": -5}
+    r = post(c, "/v1/embeddings", body, headers=bearer(OTHER))
+    assert r.status_code == 403, r.text
+    assert r.json()["error"]["code"] == "model_not_allowed"
+    assert post(c, "/v1/embeddings", body, headers=bearer(INDEXER)).status_code == 400
+    assert pool.calls == []
+
+
 def test_the_model_list_shows_a_tenant_only_its_models(setup):
     c, _, _, _ = setup
     ids = {m["id"] for m in c.get("/v1/models", headers=bearer(SEARCH)).json()["data"]}

@@ -264,6 +264,22 @@ class Gateway:
             finally:
                 REQUEST_PRIORITY.reset(level)
 
+    def _check_named_model(self, state: RequestState) -> None:
+        """403 for a served model the body names and the tenant may not use, first.
+
+        Before the handler's checks, so that a tenant learns nothing of a model it may not
+        use (its kind, its limits) from a 400; an unknown name is left to the handler (404).
+
+        Raises:
+            Forbidden: as :meth:`upstream_turn`.
+        """
+        body, tenant = state.body, state.tenant
+        if tenant is None or not isinstance(body, dict) or not isinstance(body.get("model"), str):
+            return
+        named = self.resolve_name(body["model"])
+        if named is not None:
+            self.tenancy.check_model(tenant, named, self.resolve_name)
+
     def resolve_name(self, name: str) -> str | None:
         """The ensemble a model name or alias stands for, or ``None``."""
         info = self.pool.catalog.resolve(name)
@@ -303,6 +319,7 @@ class Gateway:
                     state.body = await read_json_body(
                         request, self.max_body_bytes, self.body_timeout_s
                     )
+                    self._check_named_model(state)
                 if counted:
                     if self.in_flight >= self.max_in_flight:
                         raise Overloaded(

@@ -57,3 +57,13 @@ TOKEN_MATRIX_BYTES = 16 * 2**20
 def token_matrix_bytes(tokens: int, dim: int) -> int:
     """Bytes of float32 token vectors: ``4 x tokens x dim`` (the cap's arithmetic)."""
     return 4 * tokens * dim
+
+
+def texts_within_cap(most: int, max_length: int | None, dim: int | None, cap: int) -> int:
+    """``most``, or fewer (at least 1): texts whose full-length token matrices fit ``cap`` bytes.
+
+    ``max(1, min(most, cap // (4 x max_length x dim)))``; ``most`` when a length is ``None``.
+    """
+    if dim is None or max_length is None:
+        return most
+    return max(1, min(most, cap // token_matrix_bytes(max_length, dim)))

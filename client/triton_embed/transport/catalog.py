@@ -15,11 +15,10 @@ which the gateway calls directly for token-ID input). What the catalog keeps of 
 * from its steps' configs: their ``max_batch_size``; the embedder's ``pooling``,
   ``normalize``, ``dtype`` and ``max_num_batched_tokens`` parameters.
 
-Pooling and normalization are often left empty in the embedder's config ("what the model
-folder states"); the pool then asks a facts reader it was given (``facts_reader``): the
-default, :func:`config_facts`, knows only what the config states; the HTTP gateway, which
-may run next to the model folders, passes one that reads the folder too
-(``triton_embed_server.gateway.folder_facts``).
+Pooling and normalization are often left empty in the embedder's config ("what the model folder
+states"); the pool then asks a facts reader it was given (``facts_reader``): the default,
+:func:`config_facts`, knows only what the config states; the HTTP gateway, which may run next
+to the model folders, passes one that reads the folder too (``..gateway.folder_facts``).
 
 A **reranker ensemble** (docs/rerank.md) is a READY model whose config is
 ``platform: "ensemble"`` with the inputs ``QUERY`` and ``DOCUMENT``, the outputs ``SCORE``
@@ -49,11 +48,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from triton_embed.options import Truncation
-from triton_embed.serving_limits import (
-    PAIR_CHARS_PER_TOKEN,
-    TOKEN_MATRIX_BYTES,
-    token_matrix_bytes,
-)
+from triton_embed.serving_limits import PAIR_CHARS_PER_TOKEN, TOKEN_MATRIX_BYTES
+from triton_embed.serving_limits import texts_within_cap as fit_token_matrices
 from triton_embed.transport.config_values import (
     allow_empty,
     batch_size_of,
@@ -238,10 +234,8 @@ def texts_within_cap(config: Mapping[str, Any], most: int) -> int:
     when not stated); ``most`` when the config does not state the lengths. Never raises.
     """
     dim, max_length = int_parameter(config, "dimension"), int_parameter(config, "max_length")
-    if dim is None or max_length is None:
-        return most
     cap = int_parameter(config, "max_response_bytes") or TOKEN_MATRIX_BYTES
-    return max(1, min(most, cap // token_matrix_bytes(max_length, dim)))
+    return fit_token_matrices(most, max_length, dim, cap)
 
 
 @dataclass(frozen=True)
@@ -266,18 +260,13 @@ class MultiVectorInfo(ModelInfo):
 
     def piece_size(self, truncation: Truncation | str | None) -> int:
         """Texts per upstream call: within the token budget and the response cap."""
-        return self._within_cap(super().piece_size(truncation))
+        most = super().piece_size(truncation)
+        return fit_token_matrices(most, self.max_length, self.dimension, self.max_response_bytes)
 
     def token_ids_piece_size(self) -> int:
-        """Token-ID lists per call of the token encoder: within the response cap too."""
-        return self._within_cap(super().token_ids_piece_size())
-
-    def _within_cap(self, most: int) -> int:
-        """``most``, or fewer: inputs whose full-length matrices fit :attr:`max_response_bytes`."""
-        if self.dimension is None or self.max_length is None:
-            return most
-        per_text = token_matrix_bytes(self.max_length, self.dimension)
-        return max(1, min(most, self.max_response_bytes // per_text))
+        """Token-ID lists per call of the token encoder, within the response cap."""
+        most = super().token_ids_piece_size()
+        return fit_token_matrices(most, self.max_length, self.dimension, self.max_response_bytes)
 
     @classmethod
     def from_configs(

@@ -21,11 +21,11 @@ special tokens and markers of each window, which no reference does.
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
+from triton_embed.kind_options import KindOptions
 from triton_embed.options import (
     ALLOW_EMPTY,
     INPUT_TYPE,
@@ -34,9 +34,7 @@ from triton_embed.options import (
     UNCHUNKED_TRUNCATIONS,
     InvalidUtf8,
     OptionError,
-    RequestOptions,
     Truncation,
-    check_known,
     parse_flag,
     parse_unchunked_truncation,
 )
@@ -73,7 +71,7 @@ def parse_side(value: Any, what: str = INPUT_TYPE) -> str:
 
 
 @dataclass(frozen=True)
-class MultiVectorOptions:
+class MultiVectorOptions(KindOptions):
     """One multi-vector request's options; ``None``: the server's default.
 
     Attributes:
@@ -91,51 +89,15 @@ class MultiVectorOptions:
     invalid_utf8: InvalidUtf8 | None = None
     input_type: str | None = None
 
-    def __post_init__(self) -> None:
-        parsers = {
-            TRUNCATION: parse_multivector_truncation,
-            ALLOW_EMPTY: parse_flag,
-            INVALID_UTF8: InvalidUtf8.parse,
-            INPUT_TYPE: parse_side,
-        }
-        for name, parse in parsers.items():
-            value = getattr(self, name)
-            if value is not None:
-                object.__setattr__(self, name, parse(value, name))
+    names: ClassVar[tuple[str, ...]] = MULTIVECTOR_NAMES
+    parsers: ClassVar[Mapping[str, Callable[[Any, str], Any]]] = {
+        TRUNCATION: parse_multivector_truncation,
+        ALLOW_EMPTY: parse_flag,
+        INVALID_UTF8: InvalidUtf8.parse,
+        INPUT_TYPE: parse_side,
+    }
 
     @property
     def side(self) -> str:
         """``query`` or ``document`` (the default)."""
         return self.input_type or INPUT_TYPES[0]
-
-    @classmethod
-    def from_parameters(cls, parameters: Mapping[str, Any]) -> MultiVectorOptions:
-        """Read the options from a request's KServe v2 parameters.
-
-        Raises:
-            ValueError: an unknown parameter, or a value outside its allowed set (the
-                message starts with ``request parameter <name>=<value>``).
-        """
-        check_known(parameters, MULTIVECTOR_NAMES)
-        try:
-            return cls(**{n: parameters[n] for n in MULTIVECTOR_NAMES if n in parameters})
-        except OptionError as exc:
-            raise exc.with_prefix("request parameter ") from None
-
-    def text_options(self) -> RequestOptions:
-        """The options the tokenizer step applies to the texts (truncation, side, ...)."""
-        return RequestOptions(
-            truncation=self.truncation,
-            allow_empty=self.allow_empty,
-            invalid_utf8=self.invalid_utf8,
-            input_type=self.input_type,
-        )
-
-    def to_parameters(self) -> dict[str, str | bool]:
-        """The request parameters to send: only the options that are set."""
-        out: dict[str, str | bool] = {}
-        for name in MULTIVECTOR_NAMES:
-            value = getattr(self, name)
-            if value is not None:
-                out[name] = value.value if isinstance(value, enum.Enum) else value
-        return out

@@ -26,12 +26,12 @@ A value outside its allowed set is an :class:`~triton_embed.options.OptionError`
 
 from __future__ import annotations
 
-import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
+from triton_embed.kind_options import KindOptions
 from triton_embed.options import (
     ALLOW_EMPTY,
     INPUT_TYPE,
@@ -40,9 +40,7 @@ from triton_embed.options import (
     UNCHUNKED_TRUNCATIONS,
     InvalidUtf8,
     OptionError,
-    RequestOptions,
     Truncation,
-    check_known,
     parse_dimensions,
     parse_flag,
     parse_input_type,
@@ -95,7 +93,7 @@ def parse_threshold(value: Any, what: str = THRESHOLD) -> float:
 
 
 @dataclass(frozen=True)
-class SparseOptions:
+class SparseOptions(KindOptions):
     """One sparse request's options; ``None``: the server's default.
 
     Values are parsed on construction, so ``SparseOptions(top_k="5")`` holds ``5``.
@@ -119,48 +117,12 @@ class SparseOptions:
     top_k: int | None = None
     threshold: float | None = None
 
-    def __post_init__(self) -> None:
-        parsers = {
-            TRUNCATION: parse_sparse_truncation,
-            ALLOW_EMPTY: parse_flag,
-            INVALID_UTF8: InvalidUtf8.parse,
-            INPUT_TYPE: parse_input_type,
-            TOP_K: parse_top_k,
-            THRESHOLD: parse_threshold,
-        }
-        for name, parse in parsers.items():
-            value = getattr(self, name)
-            if value is not None:
-                object.__setattr__(self, name, parse(value, name))
-
-    @classmethod
-    def from_parameters(cls, parameters: Mapping[str, Any]) -> SparseOptions:
-        """Read the options from a request's KServe v2 parameters.
-
-        Raises:
-            ValueError: an unknown parameter, or a value outside its allowed set (the
-                message starts with ``request parameter <name>=<value>``).
-        """
-        check_known(parameters, SPARSE_NAMES)
-        try:
-            return cls(**{n: parameters[n] for n in SPARSE_NAMES if n in parameters})
-        except OptionError as exc:
-            raise exc.with_prefix("request parameter ") from None
-
-    def text_options(self) -> RequestOptions:
-        """The options the tokenizer step applies to the texts (truncation, prompt, ...)."""
-        return RequestOptions(
-            truncation=self.truncation,
-            allow_empty=self.allow_empty,
-            invalid_utf8=self.invalid_utf8,
-            input_type=self.input_type,
-        )
-
-    def to_parameters(self) -> dict[str, str | bool | int | float]:
-        """The request parameters to send: only the options that are set."""
-        out: dict[str, str | bool | int | float] = {}
-        for name in SPARSE_NAMES:
-            value = getattr(self, name)
-            if value is not None:
-                out[name] = value.value if isinstance(value, enum.Enum) else value
-        return out
+    names: ClassVar[tuple[str, ...]] = SPARSE_NAMES
+    parsers: ClassVar[Mapping[str, Callable[[Any, str], Any]]] = {
+        TRUNCATION: parse_sparse_truncation,
+        ALLOW_EMPTY: parse_flag,
+        INVALID_UTF8: InvalidUtf8.parse,
+        INPUT_TYPE: parse_input_type,
+        TOP_K: parse_top_k,
+        THRESHOLD: parse_threshold,
+    }

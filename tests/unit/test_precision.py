@@ -327,13 +327,26 @@ def test_the_peer_targets_compare_medians_at_the_same_precision_and_gated():
     assert "| 50 | p99 c=1: ours (bfloat16) <= vllm_server | 15.0 / 20.0 ms | met |" in text
 
 
-@pytest.mark.parametrize(("size", "line"), [(None, None), (64, "preferred_batch_size: [ 64 ]")])
+@pytest.mark.parametrize(("size", "line"), [(0, None), (64, "preferred_batch_size: [ 64 ]")])
 def test_a_preferred_batch_variant_changes_only_that_line(tmp_path, size, line):
-    from perf.preferred_batch import variant_repository
+    from perf.dynamic_batching import Variant, variant_repository
 
     shipped = (REPO_ROOT / "model_repository" / "embedder" / "config.pbtxt").read_text()
-    config = read_config_pbtxt(variant_repository(tmp_path, size) / "embedder" / "config.pbtxt")
+    repo = variant_repository(tmp_path, Variant(preferred=size))
+    config = read_config_pbtxt(repo / "embedder" / "config.pbtxt")
     assert list(config["dynamic_batching"].get("preferred_batch_size", [])) == (
-        [] if size is None else [size]
+        [] if size == 0 else [size]
     )
     assert "preferred_batch_size: [ 32 ]" in shipped and (line is None or line not in shipped)
+    assert int(config["dynamic_batching"]["max_queue_delay_microseconds"]) == 1000
+
+
+def test_a_delay_variant_sets_both_steps_queue_delays(tmp_path):
+    from perf.dynamic_batching import Variant, variant_repository
+
+    repo = variant_repository(tmp_path, Variant(tokenizer_delay_us=0, embedder_delay_us=0))
+    for step in ("tokenizer", "embedder"):
+        config = read_config_pbtxt(repo / step / "config.pbtxt")
+        assert int(config["dynamic_batching"].get("max_queue_delay_microseconds", 0)) == 0
+    embedder = read_config_pbtxt(repo / "embedder" / "config.pbtxt")
+    assert list(embedder["dynamic_batching"]["preferred_batch_size"]) == [32]

@@ -72,8 +72,10 @@ def measure(args: list[str], env: dict[str, str]) -> tuple[int, str, int, float]
     return proc.returncode, output, peak, time.perf_counter() - t0
 
 
-def run(contender: str, source: Path, work: Path, server: TritonServer) -> dict:
-    """One ``triton-embed embed`` run; its figures."""
+def run(
+    contender: str, source: Path, work: Path, server: TritonServer, flags: list[str] = FLAGS
+) -> dict:
+    """One ``triton-embed embed`` run with ``flags``; its figures."""
     output = work / ("out.npy" if contender == "npy" else "out")
     summary = work / "summary.json"
     for old in (output, summary):
@@ -82,7 +84,7 @@ def run(contender: str, source: Path, work: Path, server: TritonServer) -> dict:
         else:
             old.unlink(missing_ok=True)
     args = [sys.executable, "-m", "triton_embed.cli", "embed", str(source), "-o", str(output),
-            "--url", server.grpc_url, "--summary-json", str(summary), *FLAGS]  # fmt: skip
+            "--url", server.grpc_url, "--summary-json", str(summary), *flags]  # fmt: skip
     env = {**os.environ, "TRITON_EMBED_ADMIN_KEY": server.admin_key}
     code, text, peak, wall = measure(args, env)
     if code != 0:

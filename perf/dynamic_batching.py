@@ -1,7 +1,7 @@
 """The steps' dynamic batching side by side: preferred batch size and queue delays.
 
-Two studies: the embedder's ``preferred_batch_size``, and the tokenizer's and embedder's
-``max_queue_delay_microseconds``.
+Three studies: the embedder's ``preferred_batch_size``; the tokenizer's and embedder's
+``max_queue_delay_microseconds``; the embedder's ``max_batch_size`` (``max_batch``).
 
     .venv/bin/python -m perf.dynamic_batching --study preferred   # about 8 min on 2 cores
     .venv/bin/python -m perf.dynamic_batching --study delay       # about 8 min on 2 cores
@@ -38,6 +38,8 @@ class Variant(NamedTuple):
     #: ``max_queue_delay_microseconds`` of the tokenizer and of the embedder.
     tokenizer_delay_us: int | None = None
     embedder_delay_us: int | None = None
+    #: the embedder's ``max_batch_size``: texts one batch may hold.
+    max_batch_size: int | None = None
 
 
 #: study -> (variant name -> knobs, points as (tokens per text, texts per request, in flight)).
@@ -54,8 +56,13 @@ STUDIES = {
         },
         ((50, 1, 1), (256, 1, 1), (50, 1, 4), (50, 1, 32), (50, 16, 8), (256, 16, 8)),
     ),
+    "max_batch": (
+        {"256": Variant(max_batch_size=256), "64": Variant(max_batch_size=64)},
+        ((50, 16, 8), (50, 64, 4), (256, 16, 8), (256, 64, 2), (50, 1, 32)),
+    ),
 }
 LINE = re.compile(r"^\s*preferred_batch_size:.*\n", re.M)
+MAX_BATCH = re.compile(r"^max_batch_size: \d+$", re.M)
 
 
 def variant_repository(root: Path, variant: Variant) -> Path:
@@ -69,6 +76,11 @@ def variant_repository(root: Path, variant: Variant) -> Path:
             raise ValueError(f"{config}: no preferred_batch_size line to change")
         line = f"  preferred_batch_size: [ {variant.preferred} ]\n" if variant.preferred else ""
         config.write_text(LINE.sub(line, text, count=1))
+    if variant.max_batch_size is not None:
+        text = config.read_text()
+        if len(MAX_BATCH.findall(text)) != 1:
+            raise ValueError(f"{config}: not one top-level max_batch_size line to change")
+        config.write_text(MAX_BATCH.sub(f"max_batch_size: {variant.max_batch_size}", text))
     edit_config(config, max_queue_delay_us=variant.embedder_delay_us)
     edit_config(repo / "tokenizer" / "config.pbtxt", max_queue_delay_us=variant.tokenizer_delay_us)
     return repo

@@ -334,7 +334,9 @@ class Gateway:
     Attributes:
         upstreams: the servers' gRPC ``host:port``.
         admin_key: the servers' admin key (the gateway reads the ensembles' configs).
-        api_key: the key clients must send (``Authorization: Bearer``); ``None``: open.
+        api_key: the key clients must send (``Authorization: Bearer``); ``None``: open. With
+            ``tenants``, the key of one of its tenants (what :meth:`start` probes with).
+        tenants: a tenants file (``--tenants``, docs/tenants.md) instead of ``api_key``'s file.
         model: :meth:`start` waits until ``GET /v1/models`` lists this model.
         workers: uvicorn worker processes.
         ready_timeout_s: how long :meth:`start` waits.
@@ -347,6 +349,7 @@ class Gateway:
     upstreams: list[str]
     admin_key: str = field(repr=False)
     api_key: str | None = field(default=None, repr=False)
+    tenants: Path | None = None
     model: str = "embed"
     workers: int = 1
     ready_timeout_s: float = 60.0
@@ -387,7 +390,9 @@ class Gateway:
         argv = self.command()
         env = {**os.environ, "TRITON_EMBED_ADMIN_KEY": self.admin_key}
         env.pop("TRITON_EMBED_GATEWAY_API_KEY", None)
-        if self.api_key is not None:
+        if self.tenants is not None:
+            argv += ["--tenants", str(self.tenants)]
+        elif self.api_key is not None:
             key_file = self.log_path.with_suffix(".key")
             key_file.touch(mode=0o600)
             key_file.write_text(self.api_key)

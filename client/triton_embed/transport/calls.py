@@ -26,6 +26,7 @@ from triton_embed.codec import decode_embeddings, decode_sparse, decode_token_ma
 from triton_embed.errors import EmbedClientError, InvalidInputError, map_error
 from triton_embed.options import DEFAULT_EMBEDDING_TYPE, EmbeddingType
 from triton_embed.retry import RetryPolicy
+from triton_embed.transport.tracing import call_span, capture
 
 #: Seconds past a call's deadline after which a lost answer is given up on.
 LOST_ANSWER_MARGIN_S = 5.0
@@ -42,9 +43,14 @@ class CallGroup:
 
     Thread-safe: the worker threads add and remove their calls; :meth:`fail` records the
     first real error and cancels the rest.
+
+    Args:
+        trace: the parent of its calls' spans, captured in the caller's thread
+            (:func:`~triton_embed.transport.tracing.capture`; ``None``: not traced).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, trace: Any = None) -> None:
+        self.trace = trace
         self._lock = threading.Lock()
         self._contexts: set = set()
         self.stopped = False
@@ -153,32 +159,34 @@ def _call(
         answer[0], answer[1] = result, error
         answered.set()
 
-    try:
-        context = channel.client.async_infer(
-            model,
-            tensors,
-            on_answer,
-            outputs=[grpc.InferRequestedOutput(name) for name in outputs],
-            client_timeout=channel.timeout_s,
-            parameters=parameters or None,
-            **({"priority": channel.priority} if channel.priority else {}),
-        )
-    except Exception as exc:
-        raise map_error(exc, channel.url, offset, size, items=items) from None
-    calls.add(context)
-    try:
-        # The gRPC deadline answers at timeout_s; the margin only guards a lost callback.
-        if not answered.wait(channel.timeout_s + LOST_ANSWER_MARGIN_S):
-            context.cancel()
-            lost = TimeoutError("Deadline Exceeded")
-            raise map_error(lost, channel.url, offset, size, items=items)
-    finally:
-        calls.discard(context)
-    result, error = answer
-    if error is not None:
-        if calls.stopped and calls.first_error is not None:
-            raise Stopped("cancelled: another request of this call failed")
-        raise map_error(error, channel.url, offset, size, items=items) from None
+    with call_span(calls.trace, model, channel.url) as headers:  # failures mark the span
+        try:
+            context = channel.client.async_infer(
+                model,
+                tensors,
+                on_answer,
+                outputs=[grpc.InferRequestedOutput(name) for name in outputs],
+                client_timeout=channel.timeout_s,
+                headers=headers,
+                parameters=parameters or None,
+                **({"priority": channel.priority} if channel.priority else {}),
+            )
+        except Exception as exc:
+            raise map_error(exc, channel.url, offset, size, items=items) from None
+        calls.add(context)
+        try:
+            # The gRPC deadline answers at timeout_s; the margin only guards a lost callback.
+            if not answered.wait(channel.timeout_s + LOST_ANSWER_MARGIN_S):
+                context.cancel()
+                lost = TimeoutError("Deadline Exceeded")
+                raise map_error(lost, channel.url, offset, size, items=items)
+        finally:
+            calls.discard(context)
+        result, error = answer
+        if error is not None:
+            if calls.stopped and calls.first_error is not None:
+                raise Stopped("cancelled: another request of this call failed")
+            raise map_error(error, channel.url, offset, size, items=items) from None
     return result
 
 
@@ -349,7 +357,7 @@ def send_all(
     starts = list(range(0, count, batch_size))
     retries = [0]
     lock = threading.Lock()
-    calls = CallGroup()
+    calls = CallGroup(capture())  # the trace of the call, from the caller's thread
 
     def count_retry(error: BaseException, wait_s: float) -> None:
         with lock:

@@ -50,6 +50,7 @@ from triton_embed.transport.failures import (
 )
 from triton_embed.transport.observer import NO_OBSERVER, PoolObserver
 from triton_embed.transport.priorities import PriorityGate, gate, priority_kwargs
+from triton_embed.transport.tracing import call_span, capture
 
 log = logging.getLogger("triton_embed.gateway")
 
@@ -412,6 +413,7 @@ class UpstreamPool:
         requested = [InferRequestedOutput(name) for name in outputs]
         tried: list[Upstream] = []
         error: BaseException | None = None
+        parent = capture()  # the trace of the request's work: each attempt is a client span
         for attempt in range(2):
             upstream = self.choose(model, exclude=tried)
             if upstream is None:
@@ -422,14 +424,12 @@ class UpstreamPool:
             upstream.outstanding += 1
             try:
                 async with gate(self._gates, (upstream.address, model), self.calls_per_model):
-                    result = await upstream.client.infer(
-                        model,
-                        tensors_in,
-                        outputs=requested,
-                        parameters=dict(parameters) if parameters else None,
-                        client_timeout=self.timeout_s,
-                        **priority_kwargs(),
-                    )
+                    with call_span(parent, model, upstream.address) as headers:
+                        result = await upstream.client.infer(
+                            model, tensors_in, outputs=requested, headers=headers,
+                            parameters=dict(parameters) if parameters else None,
+                            client_timeout=self.timeout_s, **priority_kwargs(),
+                        )  # fmt: skip
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

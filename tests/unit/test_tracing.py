@@ -1,0 +1,139 @@
+"""Traces without a server: the W3C context, the call spans, the gateway's spans, no cost off.
+
+The end-to-end tree (gateway, upstream call, Triton's ensemble and steps) is
+tests/integration/test_traces.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from triton_embed.transport.tracing import (
+    NOT_TRACED,
+    TraceContext,
+    call_span,
+    capture,
+    trace_context,
+)
+from triton_embed_server.gateway.tracing import GatewayTracing, tracing_of
+from triton_embed_server.run.trace_args import main, otlp_traces_url, tritonserver_trace_args
+
+PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def test_a_w3c_traceparent_is_read_and_carried_as_headers():
+    ctx = TraceContext(PARENT, "vendor=abc")
+    assert (ctx.trace_id, ctx.span_id) == ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331")
+    assert ctx.headers() == {"traceparent": PARENT, "tracestate": "vendor=abc"}
+    assert TraceContext(PARENT).headers() == {"traceparent": PARENT}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331",  # no flags
+        "00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01",  # upper case
+        "00-00000000000000000000000000000000-b7ad6b7169203331-01",  # zero trace id
+        "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",  # zero span id
+        "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",  # forbidden version
+    ],
+)
+def test_a_malformed_traceparent_is_refused_with_the_form_it_must_have(bad):
+    with pytest.raises(ValueError, match="is not a W3C trace context: expected '00-<32 hex"):
+        TraceContext(bad)
+
+
+def test_an_explicit_context_is_the_calls_parent_only_inside_its_block():
+    assert "opentelemetry.trace" not in sys.modules or capture() is None
+    with trace_context(PARENT, "vendor=abc"):
+        parent = capture()
+        with call_span(parent, "embed", "127.0.0.1:8001") as headers:
+            # Without OpenTelemetry in use the headers go as given; with it (another test
+            # imported it), a client span child of PARENT: same trace, parent's flags.
+            assert headers["traceparent"].startswith("00-0af7651916cd43dd8448eb211c80319c-")
+    assert capture() is None
+    assert call_span(None, "embed", "127.0.0.1:8001") is NOT_TRACED
+    with NOT_TRACED as headers:
+        assert headers is None
+
+
+def test_nothing_configured_creates_no_tracer_and_imports_no_opentelemetry():
+    # A fresh process: the gateway app of default settings, an upstream call's trace
+    # capture, and the client library's call setup; nothing imports opentelemetry.
+    code = textwrap.dedent(
+        """
+        import sys
+        from triton_embed.transport.tracing import call_span, capture, NOT_TRACED
+        from triton_embed_server.gateway.routes import create_app
+        from triton_embed_server.gateway.settings import GatewaySettings
+        from triton_embed_server.gateway.tracing import tracing_of
+        import triton_embed.client
+
+        app = create_app(GatewaySettings(upstreams=("127.0.0.1:1",)))
+        assert tracing_of(None) is None
+        assert capture() is None and call_span(capture(), "embed", "h:1") is NOT_TRACED
+        loaded = sorted(m for m in sys.modules if m.startswith("opentelemetry"))
+        assert not loaded, loaded
+        print("ok")
+        """
+    )
+    env = {**os.environ, "TRITON_EMBED_ADMIN_KEY": "k" * 32}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
+def test_the_gateway_span_is_the_child_of_the_incoming_traceparent_and_the_calls_parent():
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    tracing = GatewayTracing("http://127.0.0.1:4318", exporter=exporter)
+    assert tracing.endpoint == "http://127.0.0.1:4318/v1/traces"
+    with tracing.request_span("POST", "/v1/embeddings", {"traceparent": PARENT}) as span:
+        with call_span(capture(), "embed", "[::1]:8001") as headers:
+            pass
+        tracing.finish(span, 200, "team-a", "embed", 2, 17)
+    with tracing.request_span("POST", "/embed", {"traceparent": "00-bad"}) as span:
+        tracing.finish(span, 503, "", "", 0, 0)
+    tracing.shutdown()
+    request, failed = (s for s in exporter.get_finished_spans() if s.name.startswith("POST"))
+    (call,) = (s for s in exporter.get_finished_spans() if s.name == "triton.infer embed")
+    assert format(request.context.trace_id, "032x") == "0af7651916cd43dd8448eb211c80319c"
+    assert format(request.parent.span_id, "016x") == "b7ad6b7169203331"
+    assert request.attributes["triton_embed.tenant"] == "team-a"
+    assert request.attributes["triton_embed.model"] == "embed"
+    assert request.attributes["triton_embed.tokens"] == 17
+    assert request.status.is_ok
+    assert call.parent.span_id == request.context.span_id
+    assert call.attributes["server.address"] == "::1" and call.attributes["server.port"] == 8001
+    assert (
+        headers["traceparent"]
+        == f"00-{request.context.trace_id:032x}-{call.context.span_id:016x}-01"
+    )
+    assert failed.parent is None  # a malformed traceparent starts a new trace
+    assert not failed.status.is_ok and failed.attributes["http.response.status_code"] == 503
+
+
+def test_the_otlp_endpoint_and_tritonservers_trace_flags(capsys):
+    assert otlp_traces_url("http://c:4318") == "http://c:4318/v1/traces"
+    assert otlp_traces_url("https://c/otlp/v1/traces") == "https://c/otlp/v1/traces"
+    with pytest.raises(ValueError, match="is not an http\\(s\\) URL"):
+        otlp_traces_url("collector:4318")
+    with pytest.raises(ValueError, match="trace rate must be >= 1"):
+        tritonserver_trace_args("http://c:4318", 0)
+    args = tritonserver_trace_args("http://c:4318", 100)
+    pairs = [args[i + 1] for i in range(0, len(args), 2)]
+    assert set(args[::2]) == {"--trace-config"}
+    assert {"mode=opentelemetry", "rate=100", "opentelemetry,url=http://c:4318/v1/traces"} <= set(
+        pairs
+    )
+    assert main(["http://c:4318"]) == 0
+    assert capsys.readouterr().out.split("\n")[:4] == args[:2] + ["--trace-config", "rate=1"]
+    assert main(["c:4318"]) == 2
+    assert tracing_of(None) is None

@@ -26,6 +26,8 @@ API_KEY = "traces-test-key-0d41c9"
 SERVER, CLIENT = 2, 3
 #: Triton's spans of one request to the ``embed`` ensemble (names as 2.51 exports them).
 TRITON_SPANS = {"InferRequest", "embed", "tokenizer", "embedder"}
+#: The steps' own spans (:mod:`triton_embed_server.steps.tracing`).
+STEP_SPANS = {"tokenize", "engine"}
 
 
 def new_traceparent() -> TraceContext:
@@ -71,6 +73,13 @@ def assert_triton_tree(named: dict, parent_id: str) -> None:
         assert step.service == "triton-embed-server"
     computes = {c.parent for c in named["compute"]}
     assert {s.span_id for s in steps.values()} <= computes
+    # The steps' own spans (steps/tracing.py), under Triton's span of their step.
+    (tokenize,) = named["tokenize"]
+    assert tokenize.parent == steps["tokenizer"].span_id
+    assert tokenize.attributes["triton_embed.step"] == "tokenizer"
+    (engine,) = named["engine"]
+    assert engine.parent == steps["embedder"].span_id
+    assert engine.attributes["triton_embed.batch_tokens"] > 0
 
 
 def test_gateway_request_is_one_trace_from_the_gateway_to_each_step(
@@ -90,7 +99,7 @@ def test_gateway_request_is_one_trace_from_the_gateway_to_each_step(
     got = np.array([d["embedding"] for d in r.json()["data"]], dtype=np.float32)
     assert np.array_equal(got, reference)
 
-    names = {"POST /v1/embeddings", "triton.infer embed", *TRITON_SPANS}
+    names = {"POST /v1/embeddings", "triton.infer embed", *TRITON_SPANS, *STEP_SPANS}
     spans = otlp_receiver.wait_for(sent.trace_id, names)
     named = by_name(spans)
     assert all(s.trace_id == sent.trace_id for s in spans)
@@ -125,5 +134,5 @@ def test_client_library_sends_its_trace_context_to_triton(server, otlp_receiver)
             traced = client.embed(["a traced call from the client library"])
         untraced = client.embed(["a traced call from the client library"])
     np.testing.assert_array_equal(traced, untraced)
-    named = by_name(otlp_receiver.wait_for(sent.trace_id, TRITON_SPANS))
+    named = by_name(otlp_receiver.wait_for(sent.trace_id, TRITON_SPANS | STEP_SPANS))
     assert_triton_tree(named, sent.span_id)

@@ -1,11 +1,13 @@
 """Traces to an OTLP/HTTP endpoint: its URL, and the ``tritonserver`` flags that send Triton's.
 
-One URL serves both ends (docs/operations.md, "Traces"): the gateway's
-``--otlp-endpoint`` (its spans, :mod:`~triton_embed_server.gateway.tracing`) and Triton's
-OpenTelemetry trace mode (:func:`tritonserver_trace_args`: ``scripts/serve.sh``'s
-``OTLP_ENDPOINT``, :class:`~triton_embed_server.run.launcher.TritonServer`'s
-``otlp_endpoint``). ``python -m triton_embed_server.run.trace_args URL [RATE]`` prints the
-flags one per line, for ``scripts/serve.sh``.
+One URL serves every end (docs/operations.md, "Traces"): the gateway's
+``--otlp-endpoint`` (its spans, :mod:`~triton_embed_server.gateway.tracing`), Triton's
+OpenTelemetry trace mode (:func:`tritonserver_trace_args`) and the steps' own spans
+(:func:`tritonserver_trace_env`, :mod:`~triton_embed_server.steps.tracing`); the server's
+are set by ``scripts/serve.sh``'s ``OTLP_ENDPOINT`` and
+:class:`~triton_embed_server.run.launcher.TritonServer`'s ``otlp_endpoint``.
+``python -m triton_embed_server.run.trace_args URL [RATE]`` prints the flags one per line,
+for ``scripts/serve.sh``.
 
 What Triton 2.51 (the PyPI wheel's ``tritonserver``) does with them, measured: it exports
 OTLP/HTTP **JSON** (``Content-Type: application/json``, ids in hex) to the URL; a request
@@ -21,6 +23,9 @@ from __future__ import annotations
 import sys
 from urllib.parse import urlsplit, urlunsplit
 
+#: The environment variable that gives the steps (Python-backend stubs) the OTLP/HTTP URL
+#: of their own spans (:mod:`triton_embed_server.steps.tracing`); unset: no step spans.
+STEP_ENDPOINT_ENV = "TRITON_EMBED_OTLP_ENDPOINT"
 #: OTLP/HTTP's path for traces (the OTLP specification's default).
 OTLP_TRACES_PATH = "/v1/traces"
 #: Triton's sampling rate by default: 1 in this many requests without a ``traceparent``
@@ -67,6 +72,15 @@ def tritonserver_trace_args(endpoint: str, rate: int = DEFAULT_TRACE_RATE) -> li
         "--trace-config", f"opentelemetry,url={otlp_traces_url(endpoint)}",
         "--trace-config", "opentelemetry,resource=service.name=triton-embed-server",
     ]  # fmt: skip
+
+
+def tritonserver_trace_env(endpoint: str) -> dict[str, str]:
+    """The environment that gives the steps their spans' endpoint (:data:`STEP_ENDPOINT_ENV`).
+
+    Raises:
+        ValueError: ``endpoint`` is not an http(s) URL.
+    """
+    return {STEP_ENDPOINT_ENV: otlp_traces_url(endpoint)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,6 +6,7 @@ tests/integration/test_traces.py.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -20,7 +21,14 @@ from triton_embed.transport.tracing import (
     trace_context,
 )
 from triton_embed_server.gateway.tracing import GatewayTracing, tracing_of
-from triton_embed_server.run.trace_args import main, otlp_traces_url, tritonserver_trace_args
+from triton_embed_server.run.launcher import TritonServer
+from triton_embed_server.run.trace_args import (
+    STEP_ENDPOINT_ENV,
+    main,
+    otlp_traces_url,
+    tritonserver_trace_args,
+)
+from triton_embed_server.steps.tracing import StepTracing, step_tracing
 
 PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -137,3 +145,49 @@ def test_the_otlp_endpoint_and_tritonservers_trace_flags(capsys):
     assert capsys.readouterr().out.split("\n")[:4] == args[:2] + ["--trace-config", "rate=1"]
     assert main(["c:4318"]) == 2
     assert tracing_of(None) is None
+
+
+class StepRequest:
+    """A Python-backend request as the steps' tracing reads it: ``trace().get_context()``."""
+
+    def __init__(self, context: str | None):
+        self.context = context
+
+    def trace(self) -> StepRequest:
+        return self
+
+    def get_context(self) -> str | None:
+        return self.context
+
+
+def test_a_step_spans_each_traced_request_of_its_batch_under_its_step_span(monkeypatch):
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    tracing = StepTracing("http://c:4318", "tokenizer", exporter=exporter)
+    # Triton 2.51 hands a traced request's context as JSON, an untraced one's as None.
+    batch = [StepRequest(json.dumps({"traceparent": PARENT})), StepRequest(None)]
+    figures = {"requests": 2, "texts": 3, "tokens": 40}
+    assert tracing.record("tokenize", batch, 1_000_000, 3_500_000, figures) == 1
+    tracing.shutdown()
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "tokenize"
+    assert format(span.context.trace_id, "032x") == "0af7651916cd43dd8448eb211c80319c"
+    assert format(span.parent.span_id, "016x") == "b7ad6b7169203331"
+    assert (span.start_time, span.end_time) == (1_000_000, 3_500_000)
+    assert span.attributes["triton_embed.step"] == "tokenizer"
+    assert span.attributes["triton_embed.batch_tokens"] == 40
+    assert span.resource.attributes["service.name"] == "triton-embed-server"
+    monkeypatch.delenv(STEP_ENDPOINT_ENV, raising=False)
+    assert step_tracing("tokenizer") is None  # no endpoint: nothing created
+
+
+def test_the_launcher_turns_on_tritons_tracing_and_the_steps_spans_only_with_an_endpoint():
+    off = TritonServer(extra_args=["--log-verbose", "0"])
+    assert "--trace-config" not in off.command() and off.trace_env() == {}
+    on = TritonServer(
+        extra_args=["--log-verbose", "0"], otlp_endpoint="http://c:4318", trace_rate=7
+    )
+    command = on.command()
+    assert "rate=7" in command and "opentelemetry,url=http://c:4318/v1/traces" in command
+    assert on.trace_env() == {STEP_ENDPOINT_ENV: "http://c:4318/v1/traces"}

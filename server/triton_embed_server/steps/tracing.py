@@ -7,8 +7,11 @@ the ``tokenizer`` step's context names the ``tokenizer`` span's id), and ``None`
 is not. A step whose server was started with an OTLP endpoint
 (:data:`~triton_embed_server.run.trace_args.STEP_ENDPOINT_ENV` in its environment, set by
 the launcher and ``scripts/serve.sh`` with Triton's own trace flags) makes, after the
-batch's work, one span per traced request of it: ``tokenize`` on the tokenizer steps,
-``engine`` on the engine steps, from the work's start to its end (the batch's: the requests
+batch's work, one span per traced request of it: ``tokenize`` on the tokenizer steps
+(``tokenizer``, ``pair_tokenizer``), ``engine`` on the engine steps (``embedder``, the
+scorer, the sparse and the token encoder: one frame,
+:class:`~triton_embed_server.steps.adapters.engine_step.EngineStepModel`), from the work's
+start to its end (the batch's: the requests
 of one ``execute`` call share one tokenizer or engine call), with the batch's size as
 attributes, exported over OTLP/HTTP by a batch span processor in the stub.
 

@@ -28,7 +28,8 @@ Every route's handler is wrapped by :meth:`Gateway.endpoint`, in this order:
    counters (:mod:`~triton_embed_server.gateway.usage`);
 7. with ``--otlp-endpoint``, all of it inside the request's server span
    (:mod:`~triton_embed_server.gateway.tracing`: tenant, model, status; the upstream calls'
-   client spans are its children).
+   client spans are its children), except on the health routes, ``/metrics`` and
+   ``/admin/usage``.
 
 A handler's upstream work runs in :meth:`Gateway.upstream_turn`: the tenant's models (403),
 its turn in the scheduler (:mod:`~triton_embed_server.gateway.fair`) and its priority level.
@@ -315,7 +316,7 @@ class Gateway:
 
         async def traced(request: Request) -> Response:
             tracing = self.tracing
-            if tracing is None:
+            if tracing is None or public:  # probes and scrapes make no spans
                 return await run(request, RequestState())
             state = RequestState()
             with tracing.request_span(request.method, route, request.headers) as span:

@@ -1,13 +1,20 @@
 """The gateway's request spans, exported over OTLP/HTTP when ``--otlp-endpoint`` is given.
 
-Each request gets a server span, ``<METHOD> <route>`` (``POST /v1/embeddings``), child of
-the request's W3C ``traceparent`` (and ``tracestate``) header when it has a valid one, else
-the root of a new trace. Its attributes: ``http.request.method``, ``http.route``,
+Each request (but those of the health routes, ``/metrics`` and ``/admin/usage``: probes and
+scrapes) gets a server span, ``<METHOD> <route>`` (``POST /v1/embeddings``), child of the
+request's W3C ``traceparent`` (and ``tracestate``) header when it has a valid one, else the
+root of a new trace. Its attributes: ``http.request.method``, ``http.route``,
 ``http.response.status_code``, ``triton_embed.tenant``, ``triton_embed.model``,
 ``triton_embed.inputs`` and ``triton_embed.tokens`` (those served); status ``ERROR`` for a
 5xx answer. The upstream calls made while it is current are its children: one client span
 per call, ``triton.infer <model>``, whose context goes to Triton as the call's
 ``traceparent`` (:mod:`triton_embed.transport.tracing`); Triton's own spans hang below.
+With ``--merge-in-flight``, a call that merges several requests' texts is a child of the
+request whose task sent it.
+
+Every request is sampled (the SDK's default, parent-based always-on); OpenTelemetry's
+``OTEL_TRACES_SAMPLER`` and ``OTEL_TRACES_SAMPLER_ARG`` environment variables choose
+another sampler, ``OTEL_BSP_*`` the batch processor's delays and sizes.
 
 The exporter is OpenTelemetry's OTLP/HTTP protobuf exporter behind a batch span
 processor, on a tracer provider that becomes the process's global one (so the transport's

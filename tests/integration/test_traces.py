@@ -128,11 +128,15 @@ def test_gateway_answers_a_bad_traceparent_and_starts_a_new_trace(traced_gateway
 
 
 def test_client_library_sends_its_trace_context_to_triton(server, otlp_receiver):
-    sent = new_traceparent()
+    sent, around = new_traceparent(), new_traceparent()
+    text = ["a traced call from the client library"]
     with EmbeddingClient(server.grpc_url, admin_key=server.admin_key) as client:
-        with trace_context(sent):
-            traced = client.embed(["a traced call from the client library"])
-        untraced = client.embed(["a traced call from the client library"])
+        traced = client.embed(text, traceparent=sent.traceparent)
+        with trace_context(around):  # every call in the block: here, rerank's path too
+            in_block = client.embed(text)
+        untraced = client.embed(text)
     np.testing.assert_array_equal(traced, untraced)
-    named = by_name(otlp_receiver.wait_for(sent.trace_id, TRITON_SPANS | STEP_SPANS))
-    assert_triton_tree(named, sent.span_id)
+    np.testing.assert_array_equal(in_block, untraced)
+    for context in (sent, around):
+        named = by_name(otlp_receiver.wait_for(context.trace_id, TRITON_SPANS | STEP_SPANS))
+        assert_triton_tree(named, context.span_id)

@@ -70,6 +70,40 @@ def test_an_explicit_context_is_the_calls_parent_only_inside_its_block():
         assert headers is None
 
 
+def traceparent_of(parent) -> str | None:
+    """The ``traceparent`` a captured parent stands for (``None``: not traced)."""
+    if parent is None or isinstance(parent, TraceContext):
+        return None if parent is None else parent.traceparent
+    from opentelemetry import trace  # a Context: OpenTelemetry is in use in this process
+
+    c = trace.get_current_span(parent).get_span_context()
+    return f"00-{c.trace_id:032x}-{c.span_id:016x}-{c.trace_flags:02x}"
+
+
+def test_a_methods_traceparent_is_its_calls_parent_and_a_bad_one_is_refused():
+    from triton_embed import InvalidInputError
+    from triton_embed.retry import RetryPolicy
+    from triton_embed.transport.calls import send_all, trace_argument
+
+    seen = []
+
+    def send(start, stop, calls):
+        seen.append(calls.trace)
+        return stop - start
+
+    other = "00-1af7651916cd43dd8448eb211c80319c-c7ad6b7169203331-01"
+    with trace_context(other):
+        send_all(4, 2, send, RetryPolicy(retries=0), 2, trace=trace_argument(PARENT))
+        send_all(2, 2, send, RetryPolicy(retries=0), 1)
+    assert send_all(2, 2, send, RetryPolicy(retries=0), 1).results == [2]
+    assert [traceparent_of(p) for p in seen] == [PARENT, PARENT, other, None]
+    assert trace_argument(None) is None
+    with pytest.raises(InvalidInputError, match="is not a W3C trace context"):
+        trace_argument("00-abc")
+    with pytest.raises(InvalidInputError, match="got int"):
+        trace_argument(17)
+
+
 def test_nothing_configured_creates_no_tracer_and_imports_no_opentelemetry():
     # A fresh process: the gateway app of default settings, an upstream call's trace
     # capture, and the client library's call setup; nothing imports opentelemetry.

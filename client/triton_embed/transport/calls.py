@@ -26,7 +26,7 @@ from triton_embed.codec import decode_embeddings, decode_sparse, decode_token_ma
 from triton_embed.errors import EmbedClientError, InvalidInputError, map_error
 from triton_embed.options import DEFAULT_EMBEDDING_TYPE, EmbeddingType
 from triton_embed.retry import RetryPolicy
-from triton_embed.transport.tracing import call_span, capture
+from triton_embed.transport.tracing import TraceContext, as_trace_context, call_span, capture
 
 #: Seconds past a call's deadline after which a lost answer is given up on.
 LOST_ANSWER_MARGIN_S = 5.0
@@ -336,6 +336,7 @@ def send_all(
     retry: RetryPolicy,
     max_concurrency: int,
     on_done: Callable[[int, T], None] | None = None,
+    trace: TraceContext | None = None,
 ) -> Sent[T]:
     """Send ``count`` inputs as requests of ``batch_size``, concurrently; results in input order.
 
@@ -350,6 +351,8 @@ def send_all(
         retry: how a refused request is sent again.
         max_concurrency: requests in flight at once.
         on_done: called with ``(inputs in the request, its result)`` after each request.
+        trace: the method's ``traceparent=`` (:func:`trace_argument`); ``None``: the calls'
+            parent is :func:`~triton_embed.transport.tracing.capture`'s, if any.
 
     Raises:
         EmbedClientError: the first request's failure (not a :class:`Stopped` one).
@@ -357,7 +360,7 @@ def send_all(
     starts = list(range(0, count, batch_size))
     retries = [0]
     lock = threading.Lock()
-    calls = CallGroup(capture())  # the trace of the call, from the caller's thread
+    calls = CallGroup(capture(trace))  # the trace of the call, from the caller's thread
 
     def count_retry(error: BaseException, wait_s: float) -> None:
         with lock:
@@ -413,6 +416,18 @@ def as_bytes(text: str | bytes, index: int | None, items: str = "texts") -> byte
             raise InvalidInputError(f"{where} {reason}", index=index, reason=reason) from None
     reason = f"must be str or bytes, got {type(text).__name__}"
     raise InvalidInputError(f"{where} {reason}", index=index, reason=reason)
+
+
+def trace_argument(traceparent: str | TraceContext | None) -> TraceContext | None:
+    """A method's ``traceparent=`` (a W3C ``traceparent`` or a ``TraceContext``), checked.
+
+    Raises:
+        InvalidInputError: not a W3C trace context; the message shows the form.
+    """
+    try:
+        return as_trace_context(traceparent)
+    except ValueError as exc:
+        raise InvalidInputError(str(exc)) from None
 
 
 def admin_key_of(admin_key: str | None) -> str | None:

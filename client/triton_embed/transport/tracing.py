@@ -7,7 +7,8 @@ gRPC header (`W3C Trace Context <https://www.w3.org/TR/trace-context/>`_) and ma
 pool make goes through :func:`call_span`, with the parent :func:`capture` found when the
 call (``embed``, ``rerank``, a gateway request's upstream work) began:
 
-* an explicit context, :func:`trace_context` (``with trace_context(traceparent): ...``);
+* an explicit context: the method's ``traceparent=`` (``client.embed(texts,
+  traceparent=...)``), else :func:`trace_context`'s (``with trace_context(tp): ...``);
 * else the current OpenTelemetry span, when the application uses OpenTelemetry (the
   ``opentelemetry`` package is imported) and a span is current;
 * else none: the call is sent without trace headers.
@@ -110,18 +111,38 @@ def trace_context(traceparent: str | TraceContext, tracestate: str | None = None
         TRACE_CONTEXT.reset(token)
 
 
-def capture() -> Any:
+def as_trace_context(traceparent: str | TraceContext | None) -> TraceContext | None:
+    """A method's ``traceparent=`` argument as a :class:`TraceContext` (``None`` stays).
+
+    Raises:
+        ValueError: not a ``str`` or :class:`TraceContext`, or not a W3C ``traceparent``.
+    """
+    if traceparent is None or isinstance(traceparent, TraceContext):
+        return traceparent
+    if not isinstance(traceparent, str):
+        raise ValueError(
+            f"traceparent must be a W3C traceparent str or a TraceContext, "
+            f"got {type(traceparent).__name__}"
+        )
+    return TraceContext(traceparent)
+
+
+def capture(explicit: TraceContext | None = None) -> Any:
     """The parent of the calls about to be made here, or ``None``: not traced.
 
     Call it where the work begins (the caller's thread: the client's worker threads and
     the gateway's piece tasks see it through :func:`call_span`'s argument).
+
+    Args:
+        explicit: a method's own ``traceparent=`` (:func:`as_trace_context`); it wins over
+            :func:`trace_context`'s and the current OpenTelemetry span.
 
     Returns:
         ``None`` (no explicit context, and no current OpenTelemetry span); a
         :class:`TraceContext` (explicit, OpenTelemetry not in use); else an OpenTelemetry
         ``Context`` whose current span is the parent.
     """
-    explicit = TRACE_CONTEXT.get()
+    explicit = explicit or TRACE_CONTEXT.get()
     if "opentelemetry.trace" not in sys.modules:  # the application does not use OpenTelemetry
         return explicit
     from opentelemetry import context, trace

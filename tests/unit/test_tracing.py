@@ -225,3 +225,10 @@ def test_the_launcher_turns_on_tritons_tracing_and_the_steps_spans_only_with_an_
     command = on.command()
     assert "rate=7" in command and "opentelemetry,url=http://c:4318/v1/traces" in command
     assert on.trace_env() == {STEP_ENDPOINT_ENV: "http://c:4318/v1/traces"}
+
+
+def test_the_gateway_refuses_a_bad_otlp_endpoint_before_it_listens(capsys):
+    from triton_embed_server.gateway import command
+
+    assert command.main(["--upstream", "127.0.0.1:1", "--otlp-endpoint", "collector:4318"]) == 1
+    assert "OTLP endpoint 'collector:4318' is not an http(s) URL" in capsys.readouterr().err

@@ -391,6 +391,8 @@ class UpstreamPool:
     ) -> dict[str, bytes]:
         """One inference call, on the best upstream, sent once more elsewhere if it fails.
 
+        Each attempt is a client span of the call's trace, if any (:mod:`.tracing`).
+
         Args:
             model: the model to call (an ensemble or one of its steps).
             inputs: ``{input name: n BYTES elements}``, sent as ``[n, 1]`` tensors.

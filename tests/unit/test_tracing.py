@@ -232,3 +232,38 @@ def test_the_gateway_refuses_a_bad_otlp_endpoint_before_it_listens(capsys):
 
     assert command.main(["--upstream", "127.0.0.1:1", "--otlp-endpoint", "collector:4318"]) == 1
     assert "OTLP endpoint 'collector:4318' is not an http(s) URL" in capsys.readouterr().err
+
+
+def test_each_gateway_request_is_one_server_span_with_its_tenant_model_and_status():
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from starlette.testclient import TestClient
+    from triton_embed_server.gateway.app import Gateway
+    from triton_embed_server.gateway.metrics import GatewayMetrics
+    from triton_embed_server.gateway.routes import build_app
+    from triton_embed_server.gateway.settings import GatewaySettings
+
+    from tests.unit.test_gateway_app import KEY, FakeUpstreamPool, upstream_error
+
+    exporter = InMemorySpanExporter()
+    tracing = GatewayTracing("http://127.0.0.1:4318", exporter=exporter)
+    pool = FakeUpstreamPool()
+    settings = GatewaySettings(upstreams=("127.0.0.1:1",))
+    gateway = Gateway(settings, pool, GatewayMetrics(), KEY, tracing=tracing)
+    client = TestClient(build_app(gateway), raise_server_exceptions=False)
+    headers = {"Authorization": f"Bearer {KEY}", "traceparent": PARENT}
+    body = {"model": "org/model", "input": ["one text", "two texts here"]}
+    assert client.post("/v1/embeddings", json=body, headers=headers).status_code == 200
+    assert client.get("/health").status_code == 200  # a probe: no span
+    pool.fail = upstream_error("UNAVAILABLE", "failed to connect to all addresses")
+    assert client.post("/v1/embeddings", json=body, headers=headers).status_code == 503
+    tracing.shutdown()
+    served, failed = exporter.get_finished_spans()
+    assert served.name == failed.name == "POST /v1/embeddings"
+    assert format(served.parent.span_id, "016x") == "b7ad6b7169203331"
+    assert served.attributes["triton_embed.tenant"] == "default"
+    assert served.attributes["triton_embed.model"] == "embed"  # the alias resolved
+    assert served.attributes["triton_embed.inputs"] == 2
+    assert served.attributes["triton_embed.tokens"] == 2 + 2 + 3 + 2  # the fake's counts
+    assert served.status.is_ok and served.attributes["http.response.status_code"] == 200
+    assert not failed.status.is_ok and failed.attributes["http.response.status_code"] == 503
+    assert failed.attributes["triton_embed.tokens"] == 0

@@ -179,14 +179,15 @@ def _client_span(parent: Any, model: str, address: str) -> Iterator[dict[str, st
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     host, _, port = address.rpartition(":")
-    attributes = {
+    attributes: dict[str, str | int] = {
         "rpc.system": "grpc",
         "rpc.service": "inference.GRPCInferenceService",
         "rpc.method": "ModelInfer",
-        "server.address": host.strip("[]"),
-        "server.port": int(port) if port.isdigit() else 0,
+        "server.address": host.strip("[]") if port.isdigit() else address,
         "triton.model_name": model,
     }
+    if port.isdigit():
+        attributes["server.port"] = int(port)
     tracer = trace.get_tracer(TRACER_NAME)
     with tracer.start_as_current_span(
         f"triton.infer {model}", context=parent, kind=trace.SpanKind.CLIENT, attributes=attributes

@@ -102,6 +102,9 @@ def test_gateway_request_is_one_trace_from_the_gateway_to_each_step(
     names = {"POST /v1/embeddings", "triton.infer embed", *TRITON_SPANS, *STEP_SPANS}
     spans = otlp_receiver.wait_for(sent.trace_id, names)
     named = by_name(spans)
+    print(f"\ntrace {sent.trace_id}, sent span {sent.span_id}:")
+    for s in spans:
+        print(f"  {s.service:21} {s.name:20} {s.span_id} parent {s.parent}")
     assert all(s.trace_id == sent.trace_id for s in spans)
     (request,) = named["POST /v1/embeddings"]
     assert request.parent == sent.span_id

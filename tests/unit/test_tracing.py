@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import textwrap
@@ -214,6 +215,21 @@ def test_a_step_spans_each_traced_request_of_its_batch_under_its_step_span(monke
     assert span.resource.attributes["service.name"] == "triton-embed-server"
     monkeypatch.delenv(STEP_ENDPOINT_ENV, raising=False)
     assert step_tracing("tokenizer") is None  # no endpoint: nothing created
+
+
+def test_span_ids_do_not_follow_pythons_random_which_vllm_seeds():
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    batch = [StepRequest(json.dumps({"traceparent": PARENT}))]
+    ids = []
+    for _ in range(2):  # two replicas, each seeded as vLLM seeds it
+        random.seed(0)
+        exporter = InMemorySpanExporter()
+        tracing = StepTracing("http://c:4318", "embedder", exporter=exporter)
+        tracing.record("engine", batch, 1, 2, {"tokens": 1})
+        tracing.shutdown()
+        ids += [s.context.span_id for s in exporter.get_finished_spans()]
+    assert len(ids) == 2 and ids[0] != ids[1]
 
 
 def test_the_launcher_turns_on_tritons_tracing_and_the_steps_spans_only_with_an_endpoint():

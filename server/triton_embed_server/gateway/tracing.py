@@ -29,7 +29,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from triton_embed_server.run.trace_args import otlp_traces_url
+from triton_embed_server.run.trace_args import otlp_tracer_provider, otlp_traces_url
 
 #: The ``service.name`` resource attribute of the gateway's spans.
 SERVICE_NAME = "triton-embed-gateway"
@@ -51,18 +51,10 @@ class GatewayTracing:
 
     def __init__(self, endpoint: str, exporter: Any = None):
         from opentelemetry import trace
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         self.endpoint = otlp_traces_url(endpoint)
-        if exporter is None:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-            exporter = OTLPSpanExporter(endpoint=self.endpoint)
-        self.provider = TracerProvider(resource=Resource.create({"service.name": SERVICE_NAME}))
-        self.provider.add_span_processor(BatchSpanProcessor(exporter))
+        self.provider = otlp_tracer_provider(endpoint, SERVICE_NAME, exporter)
         trace.set_tracer_provider(self.provider)  # the transport's client spans use it
         self.tracer = self.provider.get_tracer(TRACER_NAME)
         self._propagator = TraceContextTextMapPropagator()

@@ -1,4 +1,4 @@
-"""Traces to an OTLP/HTTP endpoint: its URL, and the ``tritonserver`` flags that send Triton's.
+"""Traces to an OTLP/HTTP endpoint: its URL, the ``tritonserver`` flags, the span exporter.
 
 One URL serves every end (docs/operations.md, "Traces"): the gateway's
 ``--otlp-endpoint`` (its spans, :mod:`~triton_embed_server.gateway.tracing`), Triton's
@@ -20,7 +20,9 @@ a ``traceparent`` starts a trace of its own too.
 
 from __future__ import annotations
 
+import random
 import sys
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 #: The environment variable that gives the steps (Python-backend stubs) the OTLP/HTTP URL
@@ -81,6 +83,52 @@ def tritonserver_trace_env(endpoint: str) -> dict[str, str]:
         ValueError: ``endpoint`` is not an http(s) URL.
     """
     return {STEP_ENDPOINT_ENV: otlp_traces_url(endpoint)}
+
+
+def otlp_tracer_provider(endpoint: str, service_name: str, exporter: Any = None) -> Any:
+    """An OpenTelemetry SDK ``TracerProvider`` exporting to ``endpoint`` in batches.
+
+    The gateway's and each step's (:mod:`~triton_embed_server.gateway.tracing`,
+    :mod:`~triton_embed_server.steps.tracing`). Ids come from the operating system's
+    random source: the SDK's default draws them from Python's ``random``, which vLLM seeds
+    with a fixed seed in every engine step, so every replica would make the same span ids
+    (measured: the same ``engine`` span id in two runs).
+
+    Args:
+        endpoint: the OTLP/HTTP URL (:func:`otlp_traces_url`).
+        service_name: the ``service.name`` resource attribute.
+        exporter: the span exporter (default: OTLP/HTTP protobuf to ``endpoint``; tests pass
+            an in-memory one).
+
+    Raises:
+        ValueError: ``endpoint`` is not an http(s) URL.
+    """
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.id_generator import IdGenerator
+
+    class SystemRandomIds(IdGenerator):
+        """Trace and span ids from ``random.SystemRandom`` (never 0: the invalid id)."""
+
+        source = random.SystemRandom()
+
+        def generate_span_id(self) -> int:
+            return self.source.randrange(1, 2**64)
+
+        def generate_trace_id(self) -> int:
+            return self.source.randrange(1, 2**128)
+
+    url = otlp_traces_url(endpoint)
+    if exporter is None:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter(endpoint=url)
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": service_name}), id_generator=SystemRandomIds()
+    )
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider
 
 
 def main(argv: list[str] | None = None) -> int:

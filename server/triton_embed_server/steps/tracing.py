@@ -26,7 +26,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from triton_embed_server.run.trace_args import STEP_ENDPOINT_ENV, otlp_traces_url
+from triton_embed_server.run.trace_args import STEP_ENDPOINT_ENV, otlp_tracer_provider
 
 #: The ``service.name`` of the steps' spans (Triton's own spans carry the same).
 SERVICE_NAME = "triton-embed-server"
@@ -43,18 +43,10 @@ class StepTracing:
     """
 
     def __init__(self, endpoint: str, step: str, exporter: Any = None):
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        if exporter is None:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-            exporter = OTLPSpanExporter(endpoint=otlp_traces_url(endpoint))
         self.step = step
-        self.provider = TracerProvider(resource=Resource.create({"service.name": SERVICE_NAME}))
-        self.provider.add_span_processor(BatchSpanProcessor(exporter))
+        self.provider = otlp_tracer_provider(endpoint, SERVICE_NAME, exporter)
         self.tracer = self.provider.get_tracer("triton_embed_server.steps")
         self._propagator = TraceContextTextMapPropagator()
 

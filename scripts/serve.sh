@@ -17,6 +17,11 @@
 #                                                     # SIGHUP to this script re-reads it
 #   MODEL_REPOSITORY=/srv/models scripts/serve.sh     # another model repository (default: this
 #                                                     # checkout's model_repository)
+#   OTLP_ENDPOINT=http://otel-collector:4318 scripts/serve.sh
+#                                                     # traces: Triton's, the steps' and the
+#                                                     # gateway's spans to that OTLP/HTTP URL;
+#                                                     # OTLP_TRACE_RATE=N: 1 in N requests without
+#                                                     # a traceparent traced too (default 1)
 #
 # Extra arguments go to tritonserver unchanged (later ones win). Needs scripts/setup.sh first.
 set -euo pipefail
@@ -42,6 +47,16 @@ if [[ "${RESTRICTED_APIS:-1}" != "0" ]]; then
     flags="$("${ROOT}/.venv/bin/python" -m triton_embed_server.host.admin_key --tritonserver-args)"
     mapfile -t RESTRICT <<< "$flags"
 fi
+# Traces (docs/operations.md, "Traces"): Triton's OpenTelemetry trace flags, and the steps'
+# span endpoint (TRITON_EMBED_OTLP_ENDPOINT, triton_embed_server.run.trace_args), inherited
+# by the Python-backend stubs.
+TRACE=()
+if [[ -n "${OTLP_ENDPOINT:-}" ]]; then
+    flags="$("${ROOT}/.venv/bin/python" -m triton_embed_server.run.trace_args \
+        "$OTLP_ENDPOINT" "${OTLP_TRACE_RATE:-1}")"
+    mapfile -t TRACE <<< "$flags"
+    export TRITON_EMBED_OTLP_ENDPOINT="$OTLP_ENDPOINT"
+fi
 if [[ "${PER_NUMA_NODE:-0}" == "1" && -n "${GATEWAY_PORT:-}" ]]; then
     echo "serve.sh: GATEWAY_PORT is not supported with PER_NUMA_NODE=1; run triton-embed gateway" \
         "--upstream with every node's gRPC port instead (docs/operations.md, Gateway)" >&2
@@ -51,7 +66,7 @@ if [[ "${PER_NUMA_NODE:-0}" == "1" ]]; then
     # The doctor's plan decides the servers; each runs under the supervisor with its own ports.
     exec "${ROOT}/.venv/bin/python" -m triton_embed_server.host.per_node --bind-address "$ADDR" -- \
         --model-repository "${MODEL_REPOSITORY:-${ROOT}/model_repository}" --log-verbose 0 \
-        "${RESTRICT[@]}" "$@"
+        "${RESTRICT[@]}" "${TRACE[@]}" "$@"
 fi
 # Python-backend shared memory (docs/operations.md, "Shared memory"): the supervisor sizes it
 # from the configs after checking /dev/shm; a bare tritonserver gets the same arguments here
@@ -68,6 +83,7 @@ SERVER=("${SUPERVISOR[@]}"
     "${SHM_ARGS[@]}"
     --log-verbose 0
     "${RESTRICT[@]}"
+    "${TRACE[@]}"
     "$@")
 [[ -n "${GATEWAY_PORT:-}" ]] || exec "${SERVER[@]}"
 
@@ -93,6 +109,7 @@ esac
 GATEWAY_FLAGS=()
 [[ -z "${GATEWAY_ARGS:-}" ]] || read -r -a GATEWAY_FLAGS <<< "$GATEWAY_ARGS"
 [[ -z "${GATEWAY_TENANTS:-}" ]] || GATEWAY_FLAGS+=(--tenants "$GATEWAY_TENANTS")
+[[ -z "${OTLP_ENDPOINT:-}" ]] || GATEWAY_FLAGS+=(--otlp-endpoint "$OTLP_ENDPOINT")
 "${ROOT}/.venv/bin/python" -m triton_embed_server.gateway --upstream "$UPSTREAM" \
     --host "$ADDR" --port "$GATEWAY_PORT" "${GATEWAY_FLAGS[@]}" &
 GATEWAY_PID=$!

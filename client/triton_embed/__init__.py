@@ -1,11 +1,13 @@
 """triton-embed: text embeddings served by a Triton ensemble (tokenizer -> vLLM pooling).
 
 Public API: :class:`EmbeddingClient` (``embed`` and, with a reranker ensemble, ``rerank``:
-:class:`RerankResult`), its errors, its request options
-(:mod:`triton_embed.options`), its retry policy (:mod:`triton_embed.retry`) and the wire
-codec (:mod:`triton_embed.codec`). What talks to a Triton server (addresses, the upstream
-pool, the inference call, the model catalog, error kinds) is :mod:`triton_embed.transport`,
-which the bulk job and the server package's HTTP gateway use too.
+:class:`RerankResult`), its errors, its request options (:mod:`triton_embed.options`), its
+retry policy (:mod:`triton_embed.retry`), the wire codec (:mod:`triton_embed.codec`), and
+the W3C trace context its calls are sent in (:func:`trace_context`, :class:`TraceContext`;
+:mod:`triton_embed.transport.tracing`). What talks to a Triton server (addresses, the
+upstream pool, the inference call, the model catalog, error kinds) is
+:mod:`triton_embed.transport`, which the bulk job and the server package's HTTP gateway use
+too.
 """
 
 from triton_embed.client import EmbeddingClient, EmbedResult
@@ -24,6 +26,7 @@ from triton_embed.reranking import RerankResult
 from triton_embed.retry import RetryPolicy
 from triton_embed.sparse_client import SparseResult
 from triton_embed.sparse_options import SparseOptions
+from triton_embed.transport.tracing import TraceContext, trace_context
 
 __all__ = [
     "AccessDeniedError",
@@ -43,5 +46,7 @@ __all__ = [
     "MultiVectorOptions",
     "SparseOptions",
     "SparseResult",
+    "TraceContext",
     "Truncation",
+    "trace_context",
 ]

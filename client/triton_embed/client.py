@@ -56,6 +56,7 @@ from triton_embed.transport.calls import (
     as_bytes,
     send_all,
     send_texts,
+    trace_argument,
 )
 from triton_embed.transport.catalog import (
     ModelKind,
@@ -63,6 +64,7 @@ from triton_embed.transport.catalog import (
     preferred_pairs,
     texts_within_cap,
 )
+from triton_embed.transport.tracing import TraceContext
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -377,6 +379,7 @@ class EmbeddingClient(ChannelOwner, Reranking, SparseEmbedding, TokenEmbedding):
         embedding_type: EmbeddingType | str | None = None,
         truncation: Truncation | str | None = None,
         normalize: bool | None = None,
+        traceparent: str | TraceContext | None = None,
     ) -> np.ndarray:
         """Embed texts.
 
@@ -388,6 +391,8 @@ class EmbeddingClient(ChannelOwner, Reranking, SparseEmbedding, TokenEmbedding):
             embedding_type: this call's output type (default: the client's).
             truncation: this call's truncation (default: the client's).
             normalize: this call's normalization (default: the client's).
+            traceparent: the W3C trace context of its requests (a ``traceparent`` or a
+                ``TraceContext``; default: ``trace_context``'s, OpenTelemetry's current span).
 
         Returns:
             ``[n, dim]`` in input order: float32 (float16 for ``embedding_type="float16"``;
@@ -406,7 +411,9 @@ class EmbeddingClient(ChannelOwner, Reranking, SparseEmbedding, TokenEmbedding):
             "truncation": truncation,
             "normalize": normalize,
         }
-        return self.embed_with_details(texts, model=model, **options).embeddings
+        return self.embed_with_details(
+            texts, model=model, traceparent=traceparent, **options
+        ).embeddings
 
     def embed_with_details(
         self,
@@ -414,6 +421,7 @@ class EmbeddingClient(ChannelOwner, Reranking, SparseEmbedding, TokenEmbedding):
         on_batch_done: Callable[[int, int], None] | None = None,
         *,
         model: str | None = None,
+        traceparent: str | TraceContext | None = None,
         **options,
     ) -> EmbedResult:
         """Embed texts and also return token counts and per-request latencies.
@@ -423,6 +431,7 @@ class EmbeddingClient(ChannelOwner, Reranking, SparseEmbedding, TokenEmbedding):
             on_batch_done: called with ``(texts_in_batch, tokens_in_batch)`` after each
                 request completes (progress bars).
             model: the ensemble to use (default: the client's ``model``).
+            traceparent: as :meth:`embed`.
             **options: this call's request options (:class:`~triton_embed.options.
                 RequestOptions` fields; ``None`` values keep the client's).
 
@@ -444,7 +453,7 @@ class EmbeddingClient(ChannelOwner, Reranking, SparseEmbedding, TokenEmbedding):
             opts = replace(self.options, **{k: v for k, v in options.items() if v is not None})
         except (TypeError, ValueError) as exc:
             raise InvalidInputError(str(exc)) from None
-        model = model or self.model
+        model, trace = model or self.model, trace_argument(traceparent)
         payloads = [as_bytes(t, i) for i, t in enumerate(texts)]
         if not payloads:
             return EmbedResult(np.zeros((0, 0), np.float32), np.zeros(0, np.int32), [])
@@ -459,8 +468,9 @@ class EmbeddingClient(ChannelOwner, Reranking, SparseEmbedding, TokenEmbedding):
                 on_batch_done(count, int(result[1].sum()))
 
         sent = send_all(
-            len(payloads), self._batch_size(model), send, self.retry, self.max_concurrency, done
-        )
+            len(payloads), self._batch_size(model), send, self.retry, self.max_concurrency, done,
+            trace,
+        )  # fmt: skip
         return EmbedResult(
             embeddings=np.concatenate([r[0] for r in sent.results]),
             num_tokens=np.concatenate([r[1] for r in sent.results]),

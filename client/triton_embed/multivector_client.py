@@ -22,8 +22,10 @@ from triton_embed.transport.calls import (
     as_bytes,
     send_all,
     send_tokens,
+    trace_argument,
 )
 from triton_embed.transport.catalog import ModelKind
+from triton_embed.transport.tracing import TraceContext
 
 
 class TokenEmbedding(ClientPart):
@@ -37,6 +39,7 @@ class TokenEmbedding(ClientPart):
         input_type: str | None = None,
         truncation: Truncation | str | None = None,
         on_batch_done: Callable[[int, int], None] | None = None,
+        traceparent: str | TraceContext | None = None,
     ) -> list[np.ndarray]:
         """Encode texts into one vector per token with a multi-vector ensemble.
 
@@ -49,6 +52,8 @@ class TokenEmbedding(ClientPart):
                 server's, ``END``).
             on_batch_done: called with ``(texts_in_request, tokens_in_request)`` after
                 each request.
+            traceparent: the W3C trace context of its requests (a ``traceparent`` or a
+                ``TraceContext``; default: ``trace_context``'s, OpenTelemetry's current span).
 
         Returns:
             Per text float32 ``[tokens, dim]``, in input order (``tokens``: the text's
@@ -69,7 +74,7 @@ class TokenEmbedding(ClientPart):
         except ValueError as exc:
             raise InvalidInputError(str(exc)) from None
         payloads = [as_bytes(t, i) for i, t in enumerate(texts)]
-        model = model or self.model
+        model, trace = model or self.model, trace_argument(traceparent)
         if not payloads:
             return []
         self._check_kind(model, ModelKind.MULTIVECTOR)
@@ -84,6 +89,7 @@ class TokenEmbedding(ClientPart):
                 on_batch_done(count, int(result[1].sum()))
 
         sent = send_all(
-            len(payloads), self._batch_size(model), send, self.retry, self.max_concurrency, done
-        )
+            len(payloads), self._batch_size(model), send, self.retry, self.max_concurrency, done,
+            trace,
+        )  # fmt: skip
         return [m for matrices, _ in sent.results for m in matrices]

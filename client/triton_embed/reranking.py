@@ -37,8 +37,10 @@ from triton_embed.transport.calls import (
     as_bytes,
     send_all,
     send_pairs,
+    trace_argument,
 )
 from triton_embed.transport.catalog import ModelKind
+from triton_embed.transport.tracing import TraceContext
 
 #: Documents one rerank call takes by default: Cohere's recommended limit per request
 #: ("we recommend a maximum of 1,000 documents"), which the gateway's routes enforce too.
@@ -173,6 +175,7 @@ class Reranking(ClientPart):
         instruction: str | None = None,
         timeout_s: float | None = None,
         max_documents: int = MAX_DOCUMENTS,
+        traceparent: str | TraceContext | None = None,
     ) -> RerankResult:
         """Rank ``documents`` by their relevance to ``query``.
 
@@ -191,6 +194,8 @@ class Reranking(ClientPart):
             timeout_s: deadline of each request, seconds (default: the client's).
             max_documents: the most documents one call takes (default
                 :data:`MAX_DOCUMENTS`, 1,000).
+            traceparent: the W3C trace context of its requests (a ``traceparent`` or a
+                ``TraceContext``; default: ``trace_context``'s, OpenTelemetry's current span).
 
         Returns:
             :class:`RerankResult`: ``indices`` and ``scores`` best first, ``num_tokens`` in
@@ -215,6 +220,7 @@ class Reranking(ClientPart):
             instruction=instruction,
             timeout_s=timeout_s,
             max_documents=max_documents,
+            traceparent=traceparent,
         )
 
     def rerank_with_details(
@@ -231,6 +237,7 @@ class Reranking(ClientPart):
         instruction: str | None = None,
         timeout_s: float | None = None,
         max_documents: int = MAX_DOCUMENTS,
+        traceparent: str | TraceContext | None = None,
     ) -> RerankResult:
         """:meth:`rerank`, and a callback after each request (progress bars).
 
@@ -247,6 +254,7 @@ class Reranking(ClientPart):
             instruction: see :meth:`rerank`.
             timeout_s: see :meth:`rerank`.
             max_documents: see :meth:`rerank`.
+            traceparent: see :meth:`rerank`.
 
         Returns:
             :class:`RerankResult`, with each request's latency and the retries.
@@ -258,6 +266,7 @@ class Reranking(ClientPart):
         top_n = _positive_int(top_n, "top_n")
         max_documents = _positive_int(max_documents, "max_documents", allow_none=False) or 1
         deadline_s = _timeout(timeout_s, self.timeout_s)
+        trace = trace_argument(traceparent)
         try:
             options = PairOptions(
                 truncation=truncation,
@@ -282,8 +291,9 @@ class Reranking(ClientPart):
                 on_batch_done(count, int(result[1].sum()))
 
         sent = send_all(
-            len(payloads), self._batch_size(model), send, self.retry, self.max_concurrency, done
-        )
+            len(payloads), self._batch_size(model), send, self.retry, self.max_concurrency, done,
+            trace,
+        )  # fmt: skip
         scores = np.concatenate([r[0] for r in sent.results])
         order = rank(scores, top_n)
         return RerankResult(

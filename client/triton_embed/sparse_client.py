@@ -22,8 +22,10 @@ from triton_embed.transport.calls import (
     as_bytes,
     send_all,
     send_sparse,
+    trace_argument,
 )
 from triton_embed.transport.catalog import ModelKind
+from triton_embed.transport.tracing import TraceContext
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ class SparseEmbedding(ClientPart):
         truncation: Truncation | str | None = None,
         input_type: str | None = None,
         on_batch_done: Callable[[int, int], None] | None = None,
+        traceparent: str | TraceContext | None = None,
     ) -> SparseResult:
         """Encode texts into sparse vectors with a sparse ensemble.
 
@@ -84,6 +87,8 @@ class SparseEmbedding(ClientPart):
             input_type: a prompt name of the model (``None``: its default).
             on_batch_done: called with ``(texts_in_request, tokens_in_request)`` after
                 each request.
+            traceparent: the W3C trace context of its requests (a ``traceparent`` or a
+                ``TraceContext``; default: ``trace_context``'s, OpenTelemetry's current span).
 
         Returns:
             :class:`SparseResult`.
@@ -104,7 +109,7 @@ class SparseEmbedding(ClientPart):
         except ValueError as exc:
             raise InvalidInputError(str(exc)) from None
         payloads = [as_bytes(t, i) for i, t in enumerate(texts)]
-        model = model or self.model
+        model, trace = model or self.model, trace_argument(traceparent)
         if not payloads:
             return SparseResult([], [], np.zeros(0, np.int32), [])
         self._check_kind(model, ModelKind.SPARSE)
@@ -119,8 +124,9 @@ class SparseEmbedding(ClientPart):
                 on_batch_done(count, int(result[1].sum()))
 
         sent = send_all(
-            len(payloads), self._batch_size(model), send, self.retry, self.max_concurrency, done
-        )
+            len(payloads), self._batch_size(model), send, self.retry, self.max_concurrency, done,
+            trace,
+        )  # fmt: skip
         vectors = [v for vectors, _ in sent.results for v in vectors]
         return SparseResult(
             indices=[i for i, _ in vectors],

@@ -14,18 +14,38 @@ from triton_embed_server.models.repository.copies import copy_repository, edit_c
 from triton_embed_server.run.launcher import TritonServer
 
 from tests.helpers import MODEL_PATH, running
+from tests.otlp_receiver import OtlpReceiver
 
 READY_TIMEOUT_S = float(os.environ.get("TRITON_READY_TIMEOUT_S", "400"))
 #: The embedder queue of :func:`one_embedder_server`: the 5th waiting request is refused.
 SMALL_QUEUE = 4
 #: The folder name of :func:`one_embedder_server`'s copy of the model.
 LOCAL_MODEL = "my-local-model"
+#: The session server's trace rate: 1 in a million requests without a ``traceparent`` is
+#: traced (Triton 2.51 traces every request that has one, whatever the rate).
+ONLY_PROPAGATED_TRACES = 1_000_000
 
 
 @pytest.fixture(scope="session")
-def server():
-    """A real tritonserver serving model_repository; stopped even when tests fail."""
-    with running(TritonServer(ready_timeout_s=READY_TIMEOUT_S)) as srv:
+def otlp_receiver():
+    """An OTLP/HTTP trace receiver on 127.0.0.1 (:class:`tests.otlp_receiver.OtlpReceiver`)."""
+    with OtlpReceiver() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="session")
+def server(otlp_receiver):
+    """A real tritonserver serving model_repository; stopped even when tests fail.
+
+    Its traces (OpenTelemetry mode) go to ``otlp_receiver``: those of requests sent with a
+    ``traceparent`` (test_traces.py), at a rate that traces almost no other request.
+    """
+    srv = TritonServer(
+        ready_timeout_s=READY_TIMEOUT_S,
+        otlp_endpoint=otlp_receiver.url,
+        trace_rate=ONLY_PROPAGATED_TRACES,
+    )
+    with running(srv) as srv:
         yield srv
 
 

@@ -709,6 +709,23 @@ def test_tenants_and_an_api_key_are_refused_together():
     assert "gateway.apiKey and gateway.tenants are exclusive" in proc.stderr
 
 
+def test_tracing_sends_the_servers_and_the_gateways_spans_to_one_endpoint_only_when_set():
+    url = "http://otel-collector.monitoring:4318"
+    sets = ("gateway.enabled=true", f"tracing.otlpEndpoint={url}", "tracing.rate=1000")
+    for on in (False, True):
+        proc = helm(*template_args("defaults", KUBE_VERSIONS[0], sets if on else sets[:1]))
+        assert proc.returncode == 0, proc.stderr
+        docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+        triton = container(triton_pod(docs), "triton")
+        env = {e["name"]: e.get("value") for e in triton["env"]}
+        gateway = pod_spec(one(docs, "Deployment", gateway_name()))["containers"][0]
+        if not on:
+            assert "OTLP_ENDPOINT" not in env and "--otlp-endpoint" not in gateway["args"]
+            continue
+        assert (env["OTLP_ENDPOINT"], env["OTLP_TRACE_RATE"]) == (url, "1000")  # serve.sh's
+        assert arg_after(gateway["args"], "--otlp-endpoint") == url
+
+
 # ---- monitoring ------------------------------------------------------------------------------
 
 

@@ -123,7 +123,10 @@ class FakeTritonClient:
         self.config_reads += 1
         return {"config": self.configs[name]}
 
-    async def infer(self, model, inputs, outputs=None, parameters=None, client_timeout=None):
+    async def infer(
+        self, model, inputs, outputs=None, parameters=None, client_timeout=None, headers=None
+    ):
+        assert headers is None  # nothing traced: no trace headers
         self.infers.append(model)
         if self.gate is not None:
             await self.gate.wait()

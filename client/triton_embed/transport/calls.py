@@ -26,6 +26,7 @@ from triton_embed.codec import decode_embeddings, decode_sparse, decode_token_ma
 from triton_embed.errors import EmbedClientError, InvalidInputError, map_error
 from triton_embed.options import DEFAULT_EMBEDDING_TYPE, EmbeddingType
 from triton_embed.retry import RetryPolicy
+from triton_embed.transport.tracing import TraceContext, as_trace_context, call_span, capture
 
 #: Seconds past a call's deadline after which a lost answer is given up on.
 LOST_ANSWER_MARGIN_S = 5.0
@@ -42,9 +43,14 @@ class CallGroup:
 
     Thread-safe: the worker threads add and remove their calls; :meth:`fail` records the
     first real error and cancels the rest.
+
+    Args:
+        trace: the parent of its calls' spans, captured in the caller's thread
+            (:func:`~triton_embed.transport.tracing.capture`; ``None``: not traced).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, trace: Any = None) -> None:
+        self.trace = trace
         self._lock = threading.Lock()
         self._contexts: set = set()
         self.stopped = False
@@ -153,32 +159,34 @@ def _call(
         answer[0], answer[1] = result, error
         answered.set()
 
-    try:
-        context = channel.client.async_infer(
-            model,
-            tensors,
-            on_answer,
-            outputs=[grpc.InferRequestedOutput(name) for name in outputs],
-            client_timeout=channel.timeout_s,
-            parameters=parameters or None,
-            **({"priority": channel.priority} if channel.priority else {}),
-        )
-    except Exception as exc:
-        raise map_error(exc, channel.url, offset, size, items=items) from None
-    calls.add(context)
-    try:
-        # The gRPC deadline answers at timeout_s; the margin only guards a lost callback.
-        if not answered.wait(channel.timeout_s + LOST_ANSWER_MARGIN_S):
-            context.cancel()
-            lost = TimeoutError("Deadline Exceeded")
-            raise map_error(lost, channel.url, offset, size, items=items)
-    finally:
-        calls.discard(context)
-    result, error = answer
-    if error is not None:
-        if calls.stopped and calls.first_error is not None:
-            raise Stopped("cancelled: another request of this call failed")
-        raise map_error(error, channel.url, offset, size, items=items) from None
+    with call_span(calls.trace, model, channel.url) as headers:  # failures mark the span
+        try:
+            context = channel.client.async_infer(
+                model,
+                tensors,
+                on_answer,
+                outputs=[grpc.InferRequestedOutput(name) for name in outputs],
+                client_timeout=channel.timeout_s,
+                headers=headers,
+                parameters=parameters or None,
+                **({"priority": channel.priority} if channel.priority else {}),
+            )
+        except Exception as exc:
+            raise map_error(exc, channel.url, offset, size, items=items) from None
+        calls.add(context)
+        try:
+            # The gRPC deadline answers at timeout_s; the margin only guards a lost callback.
+            if not answered.wait(channel.timeout_s + LOST_ANSWER_MARGIN_S):
+                context.cancel()
+                lost = TimeoutError("Deadline Exceeded")
+                raise map_error(lost, channel.url, offset, size, items=items)
+        finally:
+            calls.discard(context)
+        result, error = answer
+        if error is not None:
+            if calls.stopped and calls.first_error is not None:
+                raise Stopped("cancelled: another request of this call failed")
+            raise map_error(error, channel.url, offset, size, items=items) from None
     return result
 
 
@@ -328,6 +336,7 @@ def send_all(
     retry: RetryPolicy,
     max_concurrency: int,
     on_done: Callable[[int, T], None] | None = None,
+    trace: TraceContext | None = None,
 ) -> Sent[T]:
     """Send ``count`` inputs as requests of ``batch_size``, concurrently; results in input order.
 
@@ -342,6 +351,8 @@ def send_all(
         retry: how a refused request is sent again.
         max_concurrency: requests in flight at once.
         on_done: called with ``(inputs in the request, its result)`` after each request.
+        trace: the method's ``traceparent=`` (:func:`trace_argument`); ``None``: the calls'
+            parent is :func:`~triton_embed.transport.tracing.capture`'s, if any.
 
     Raises:
         EmbedClientError: the first request's failure (not a :class:`Stopped` one).
@@ -349,7 +360,7 @@ def send_all(
     starts = list(range(0, count, batch_size))
     retries = [0]
     lock = threading.Lock()
-    calls = CallGroup()
+    calls = CallGroup(capture(trace))  # the trace of the call, from the caller's thread
 
     def count_retry(error: BaseException, wait_s: float) -> None:
         with lock:
@@ -405,6 +416,18 @@ def as_bytes(text: str | bytes, index: int | None, items: str = "texts") -> byte
             raise InvalidInputError(f"{where} {reason}", index=index, reason=reason) from None
     reason = f"must be str or bytes, got {type(text).__name__}"
     raise InvalidInputError(f"{where} {reason}", index=index, reason=reason)
+
+
+def trace_argument(traceparent: str | TraceContext | None) -> TraceContext | None:
+    """A method's ``traceparent=`` (a W3C ``traceparent`` or a ``TraceContext``), checked.
+
+    Raises:
+        InvalidInputError: not a W3C trace context; the message shows the form.
+    """
+    try:
+        return as_trace_context(traceparent)
+    except ValueError as exc:
+        raise InvalidInputError(str(exc)) from None
 
 
 def admin_key_of(admin_key: str | None) -> str | None:

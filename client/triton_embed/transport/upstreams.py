@@ -50,6 +50,7 @@ from triton_embed.transport.failures import (
 )
 from triton_embed.transport.observer import NO_OBSERVER, PoolObserver
 from triton_embed.transport.priorities import PriorityGate, gate, priority_kwargs
+from triton_embed.transport.tracing import call_span, capture
 
 log = logging.getLogger("triton_embed.gateway")
 
@@ -390,6 +391,8 @@ class UpstreamPool:
     ) -> dict[str, bytes]:
         """One inference call, on the best upstream, sent once more elsewhere if it fails.
 
+        Each attempt is a client span of the call's trace, if any (:mod:`.tracing`).
+
         Args:
             model: the model to call (an ensemble or one of its steps).
             inputs: ``{input name: n BYTES elements}``, sent as ``[n, 1]`` tensors.
@@ -412,6 +415,7 @@ class UpstreamPool:
         requested = [InferRequestedOutput(name) for name in outputs]
         tried: list[Upstream] = []
         error: BaseException | None = None
+        parent = capture()  # the trace of the request's work: each attempt is a client span
         for attempt in range(2):
             upstream = self.choose(model, exclude=tried)
             if upstream is None:
@@ -422,14 +426,12 @@ class UpstreamPool:
             upstream.outstanding += 1
             try:
                 async with gate(self._gates, (upstream.address, model), self.calls_per_model):
-                    result = await upstream.client.infer(
-                        model,
-                        tensors_in,
-                        outputs=requested,
-                        parameters=dict(parameters) if parameters else None,
-                        client_timeout=self.timeout_s,
-                        **priority_kwargs(),
-                    )
+                    with call_span(parent, model, upstream.address) as headers:
+                        result = await upstream.client.infer(
+                            model, tensors_in, outputs=requested, headers=headers,
+                            parameters=dict(parameters) if parameters else None,
+                            client_timeout=self.timeout_s, **priority_kwargs(),
+                        )  # fmt: skip
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -25,7 +25,11 @@ Every route's handler is wrapped by :meth:`Gateway.endpoint`, in this order:
    request"), never as a 5xx;
 6. the request counted in the metrics (:mod:`~triton_embed_server.gateway.metrics`), with
    the inputs and tokens its handler served, and in its tenant's bucket, usage row and
-   counters (:mod:`~triton_embed_server.gateway.usage`).
+   counters (:mod:`~triton_embed_server.gateway.usage`);
+7. with ``--otlp-endpoint``, all of it inside the request's server span
+   (:mod:`~triton_embed_server.gateway.tracing`: tenant, model, status; the upstream calls'
+   client spans are its children), except on the health routes, ``/metrics`` and
+   ``/admin/usage``.
 
 A handler's upstream work runs in :meth:`Gateway.upstream_turn`: the tenant's models (403),
 its turn in the scheduler (:mod:`~triton_embed_server.gateway.fair`) and its priority level.
@@ -81,6 +85,7 @@ from triton_embed_server.gateway.metrics import GatewayMetrics
 from triton_embed_server.gateway.settings import GatewaySettings
 from triton_embed_server.gateway.tenancy import TenantRegistry
 from triton_embed_server.gateway.tenants import Tenant
+from triton_embed_server.gateway.tracing import GatewayTracing
 from triton_embed_server.gateway.usage import UsageLedger
 
 log = logging.getLogger("triton_embed.gateway")
@@ -123,6 +128,7 @@ class Gateway:
         tenants: the tenants (``--tenants``); ``None``: those of ``api_key``.
         admin_key: the servers' admin key, which also opens ``GET /admin/usage``
             (``None``: that route is closed).
+        tracing: the request spans (``--otlp-endpoint``, :mod:`~.tracing`); ``None``: none.
     """
 
     def __init__(
@@ -133,8 +139,10 @@ class Gateway:
         api_key: str | None,
         tenants: TenantRegistry | None = None,
         admin_key: str | None = None,
+        tracing: GatewayTracing | None = None,
     ):
         self.settings = settings
+        self.tracing = tracing
         self.pool = pool
         self.metrics = metrics
         self.merger = Merger(pool, settings.merge_in_flight, metrics)
@@ -306,9 +314,21 @@ class Gateway:
             body: the route takes a JSON body (read into ``state.body`` first).
         """
 
-        async def run(request: Request) -> Response:
-            started = time.perf_counter()
+        async def traced(request: Request) -> Response:
+            tracing = self.tracing
+            if tracing is None or public:  # probes and scrapes make no spans
+                return await run(request, RequestState())
             state = RequestState()
+            with tracing.request_span(request.method, route, request.headers) as span:
+                response = await run(request, state)
+                tenant = "" if state.tenant is None else state.tenant.name
+                served = response.status_code == 200
+                inputs, tokens = (state.inputs, state.tokens) if served else (0, 0)
+                tracing.finish(span, response.status_code, tenant, state.model, inputs, tokens)
+            return response
+
+        async def run(request: Request, state: RequestState) -> Response:
+            started = time.perf_counter()
             entered = False
             refusal = None
             try:
@@ -368,7 +388,7 @@ class Gateway:
                 self._account(state, response.status_code, refusal)
             return response
 
-        return run
+        return traced
 
     def _account(self, state: RequestState, status: int, refusal: str | None) -> None:
         """A tenant's answered request: its bucket, its usage row and its counters."""

@@ -123,6 +123,14 @@ _FLAGS = (
         positive_int,
         "uvicorn worker processes (default %(default)s; each has its own limits and metrics)",
     ),
+    (
+        "--otlp-endpoint",
+        str,
+        "OTLP/HTTP URL to export request spans to (an OpenTelemetry Collector, Jaeger, "
+        "Tempo: http://collector:4318; /v1/traces is added without a path); a request's "
+        "W3C traceparent is their parent and goes on to the servers (default: no tracing; "
+        "docs/operations.md, 'Traces')",
+    ),
 )
 
 

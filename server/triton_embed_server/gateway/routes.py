@@ -66,6 +66,7 @@ from triton_embed_server.gateway.errors import (
 from triton_embed_server.gateway.folder_facts import folder_facts
 from triton_embed_server.gateway.metrics import GatewayMetrics
 from triton_embed_server.gateway.settings import GatewaySettings, configure_logging
+from triton_embed_server.gateway.tracing import tracing_of
 
 log = logging.getLogger("triton_embed.gateway")
 
@@ -174,7 +175,8 @@ def create_app(settings: GatewaySettings) -> Starlette:
         facts_reader=folder_facts,
         calls_per_model=settings.max_upstream_calls,
     )
-    gateway = Gateway(settings, pool, metrics, None, settings.tenant_registry(), admin_key)
+    tracing = tracing_of(settings.otlp_endpoint)
+    gateway = Gateway(settings, pool, metrics, None, settings.tenant_registry(), admin_key, tracing)
     protocol.configure(
         settings.header_timeout_s,
         on_refused=lambda status: metrics.observe(
@@ -209,6 +211,8 @@ def create_app(settings: GatewaySettings) -> Starlette:
             if watcher is not None:
                 watcher.cancel()
             await pool.stop()
+            if tracing is not None:
+                tracing.shutdown()  # exports the spans still buffered
 
     return build_app(gateway, lifespan=lifespan)
 

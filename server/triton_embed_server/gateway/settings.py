@@ -23,6 +23,7 @@ from triton_embed.transport.inference import MAX_INPUTS
 from triton_embed_server.gateway.auth import load_api_key
 from triton_embed_server.gateway.protocol import DEFAULT_HEADER_TIMEOUT_S
 from triton_embed_server.gateway.tenancy import TenantRegistry
+from triton_embed_server.run.trace_args import otlp_traces_url
 from triton_embed_server.steps.config import CHARS_PER_TOKEN_CAP
 
 #: The shipped model's token budget per text (``model_repository/embed``: ``max_length``).
@@ -108,6 +109,8 @@ class GatewaySettings:
             then are cancelled and the request is answered 504.
         workers: uvicorn worker processes.
         log_level: ``critical``, ``error``, ``warning``, ``info`` or ``debug``.
+        otlp_endpoint: the OTLP/HTTP URL the request spans are exported to
+            (:mod:`~triton_embed_server.gateway.tracing`); ``None``: no tracing at all.
     """
 
     upstreams: tuple[str, ...]
@@ -129,6 +132,7 @@ class GatewaySettings:
     timeout_s: float = 60.0
     workers: int = 1
     log_level: str = "info"
+    otlp_endpoint: str | None = None
 
     def __post_init__(self) -> None:
         parse_upstreams(self.upstreams)  # raises ValueError naming a bad entry
@@ -150,6 +154,8 @@ class GatewaySettings:
                 "give --tenants or --api-key-file, not both: the tenants file holds every key "
                 "(add the key's digest to a tenant there)"
             )
+        if self.otlp_endpoint is not None:
+            otlp_traces_url(self.otlp_endpoint)  # raises ValueError naming a bad URL
         if self.merge_in_flight < 0:
             raise ValueError(
                 f"merge_in_flight must be >= 0 (0: no merging), got {self.merge_in_flight}"
@@ -178,6 +184,7 @@ class GatewaySettings:
             timeout_s=args.timeout_s,
             workers=args.workers,
             log_level=args.log_level,
+            otlp_endpoint=args.otlp_endpoint,
         )
 
     def to_json(self) -> str:

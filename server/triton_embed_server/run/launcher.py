@@ -23,6 +23,11 @@ from pathlib import Path
 from triton_embed.admin import grpc_headers, http_headers
 
 from triton_embed_server.host.admin_key import generate_key, tritonserver_args
+from triton_embed_server.run.trace_args import (
+    DEFAULT_TRACE_RATE,
+    tritonserver_trace_args,
+    tritonserver_trace_env,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -112,6 +117,10 @@ class TritonServer:
             Send it with :attr:`admin_http_headers` / :attr:`admin_grpc_headers`. Kept out of
             ``repr`` and of every message; it is on the server's command line.
         supervisor_args: options of the supervisor (``["--stall-timeout-s", "20"]``).
+        otlp_endpoint: export Triton's traces (OpenTelemetry mode) and the steps' spans to
+            this OTLP/HTTP URL (:mod:`~triton_embed_server.run.trace_args`); ``None``:
+            Triton's default, no tracing.
+        trace_rate: 1 in this many requests without a ``traceparent`` is traced too.
     """
 
     model_repository: Path = REPO_ROOT / "model_repository"
@@ -125,6 +134,8 @@ class TritonServer:
     process: subprocess.Popen | None = None
     admin_key: str = field(default_factory=generate_key, repr=False)
     supervisor_args: list[str] = field(default_factory=list)
+    otlp_endpoint: str | None = None
+    trace_rate: int = DEFAULT_TRACE_RATE
     _regions: set[str] = field(default_factory=set, repr=False, init=False)
 
     @property
@@ -184,6 +195,8 @@ class TritonServer:
             "--http-address", "127.0.0.1", "--http-port", str(self.http_port),
             "--metrics-address", "127.0.0.1", "--metrics-port", str(self.metrics_port),
             *tritonserver_args(self.admin_key),
+            *(tritonserver_trace_args(self.otlp_endpoint, self.trace_rate)
+              if self.otlp_endpoint is not None else []),
             *self.extra_args,
         ]  # fmt: skip
         split = argv.index("--") + 1
@@ -208,7 +221,7 @@ class TritonServer:
             command,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **self.env},
+            env={**os.environ, **self.trace_env(), **self.env},
             start_new_session=True,  # its own process group: the stubs go with it on stop
         )
         log.close()
@@ -232,6 +245,10 @@ class TritonServer:
         raise RuntimeError(
             f"tritonserver not ready after {self.ready_timeout_s:.0f} s:\n{self.log_tail()}"
         )
+
+    def trace_env(self) -> dict[str, str]:
+        """The steps' span endpoint (:func:`~.trace_args.tritonserver_trace_env`), if tracing."""
+        return {} if self.otlp_endpoint is None else tritonserver_trace_env(self.otlp_endpoint)
 
     def stall_line(self, count: int = 1) -> str | None:
         """The supervisor's first ``start stalled: ...`` line, once it wrote ``count`` of them."""

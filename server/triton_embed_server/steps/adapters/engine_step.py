@@ -18,6 +18,7 @@ from triton_embed_server.host.placement.apply import apply_placement
 from triton_embed_server.host.placement.instance import decide_placement, instance_index
 from triton_embed_server.steps.errors import CancelledError, EmbedServingError, to_triton_error
 from triton_embed_server.steps.metrics import InstanceReporter, StepMetrics
+from triton_embed_server.steps.tracing import step_tracing
 
 
 class EngineStepModel:
@@ -51,6 +52,7 @@ class EngineStepModel:
         placement = apply_placement(placement)
         self.engine = self.start_engine(self.config)
         self.metrics = StepMetrics(pb_utils, self.step, name)
+        self.tracing = step_tracing(self.step)
         self.reporter = InstanceReporter(
             self.metrics,
             list(placement.numa_nodes),
@@ -78,7 +80,7 @@ class EngineStepModel:
                 responses[r] = pb_utils.InferenceResponse(error=to_triton_error(exc, pb_utils))
                 continue
             valid.append(r)
-        t0 = time.perf_counter()
+        t0, start_ns = time.perf_counter(), time.time_ns()
         try:
             output, items = self.engine_call(decoded)
         except EmbedServingError as exc:
@@ -92,6 +94,10 @@ class EngineStepModel:
         tokens = sum(per_request_tokens)
         self.metrics.execute_done(time.perf_counter() - t0, items, tokens)
         self.reporter.add_tokens(tokens)
+        if self.tracing is not None:
+            figures = {"requests": len(valid), "items": items, "tokens": tokens}
+            traced = [requests[r] for r in valid]
+            self.tracing.record("engine", traced, start_ns, time.time_ns(), figures)
         for r, answered, n_tokens in zip(
             valid, self.respond(output, decoded), per_request_tokens, strict=True
         ):
@@ -135,3 +141,5 @@ class EngineStepModel:
         """
         self.metrics.stop()
         self.reporter = self.metrics = None
+        if self.tracing is not None:
+            self.tracing.shutdown()

@@ -21,6 +21,7 @@ from triton_embed_server.steps.errors import (
 from triton_embed_server.steps.metrics import StepMetrics
 from triton_embed_server.steps.pair_tokenization import PairRequest, PairTokenizer
 from triton_embed_server.steps.rerank_config import PairTokenizerConfig
+from triton_embed_server.steps.tracing import step_tracing
 
 
 def _column(request, name):
@@ -37,6 +38,7 @@ class TritonPythonModel:
         self.config = PairTokenizerConfig.from_args(args)
         self.tokenizer = PairTokenizer(self.config)
         self.metrics = StepMetrics(pb_utils, "pair_tokenizer", args["model_instance_name"])
+        self.tracing = step_tracing("pair_tokenizer")
         spec = self.config.spec
         pb_utils.Logger.log_info(
             f"pair tokenizer {args['model_instance_name']}: {self.config.model_path.name}, "
@@ -59,7 +61,7 @@ class TritonPythonModel:
             pair_requests.append(
                 PairRequest(_column(request, "QUERY"), _column(request, "DOCUMENT"), options)
             )
-        t0 = time.perf_counter()
+        t0, start_ns = time.perf_counter(), time.time_ns()
         results = self.tokenizer.tokenize_requests(pair_requests)
         seconds = time.perf_counter() - t0
         responses, batch_pairs, batch_tokens = [], 0, 0
@@ -98,6 +100,9 @@ class TritonPythonModel:
                 )
             )
         self.metrics.execute_done(seconds, batch_pairs, batch_tokens)
+        if self.tracing is not None:
+            figures = {"requests": len(requests), "pairs": batch_pairs, "tokens": batch_tokens}
+            self.tracing.record("tokenize", requests, start_ns, time.time_ns(), figures)
         return responses
 
     def finalize(self):
@@ -107,3 +112,5 @@ class TritonPythonModel:
         """
         self.metrics.stop()
         self.metrics = None
+        if self.tracing is not None:
+            self.tracing.shutdown()

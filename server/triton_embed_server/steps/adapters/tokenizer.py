@@ -19,6 +19,7 @@ from triton_embed_server.steps.tokenization import (
     TextTokenizer,
     parse_request_options,
 )
+from triton_embed_server.steps.tracing import step_tracing
 
 
 class TritonPythonModel:
@@ -29,6 +30,7 @@ class TritonPythonModel:
         self.config = TokenizerConfig.from_args(args)
         self.tokenizer = TextTokenizer(self.config)
         self.metrics = StepMetrics(pb_utils, "tokenizer", args["model_instance_name"])
+        self.tracing = step_tracing("tokenizer")
         pb_utils.Logger.log_info(
             f"tokenizer {args['model_instance_name']}: {self.config.model_path.name}, "
             f"max_length={self.config.max_length}, truncation={self.config.truncation.value}, "
@@ -55,7 +57,7 @@ class TritonPythonModel:
                 text_requests.append(TextRequest(texts=[]))  # answered with the error below
                 continue
             text_requests.append(TextRequest(texts=[bytes(t) for t in texts], options=options))
-        t0 = time.perf_counter()
+        t0, start_ns = time.perf_counter(), time.time_ns()
         results = self.tokenizer.tokenize_requests(text_requests)
         seconds = time.perf_counter() - t0
         results = [option_errors.get(r, res) for r, res in enumerate(results)]
@@ -89,6 +91,9 @@ class TritonPythonModel:
                 )
             )
         self.metrics.execute_done(seconds, batch_texts, batch_tokens)
+        if self.tracing is not None:
+            figures = {"requests": len(requests), "texts": batch_texts, "tokens": batch_tokens}
+            self.tracing.record("tokenize", requests, start_ns, time.time_ns(), figures)
         return responses
 
     def finalize(self):
@@ -98,3 +103,5 @@ class TritonPythonModel:
         """
         self.metrics.stop()
         self.metrics = None
+        if self.tracing is not None:
+            self.tracing.shutdown()

@@ -190,6 +190,16 @@ def test_the_model_list_shows_a_tenant_only_its_models(setup):
     assert c.get("/v1/models", headers=bearer(OTHER)).json()["data"] == []  # rerank: not served
 
 
+def test_an_unknown_model_404_lists_only_the_models_the_tenant_may_use(setup):
+    c, _, _, _ = setup
+    for key, listed in ((SEARCH, "embed, org/model"), (INDEXER, "embed, org/model"),
+                        (OTHER, "none")):  # fmt: skip
+        r = embed(c, key, "x", model="nope")
+        assert r.status_code == 404, r.text
+        message = r.json()["error"]["message"]
+        assert message.endswith(f"the models are: {listed} (GET /v1/models)"), message
+
+
 def test_a_tenants_model_may_be_named_by_its_alias_or_ensemble_name(setup):
     c, _, _, _ = setup
     assert embed(c, SEARCH, "x", model="org/model").status_code == 200

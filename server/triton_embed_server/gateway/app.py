@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -89,6 +90,12 @@ from triton_embed_server.gateway.tracing import GatewayTracing
 from triton_embed_server.gateway.usage import UsageLedger
 
 log = logging.getLogger("triton_embed.gateway")
+
+#: The tenant of the request the current task serves (``None``: none identified yet, or a
+#: public route); what a model-not-found message may list depends on it.
+REQUEST_TENANT: contextvars.ContextVar[Tenant | None] = contextvars.ContextVar(
+    "triton_embed_request_tenant", default=None
+)
 
 Handler = Callable[["Gateway", Request, "RequestState"], Awaitable[Response]]
 
@@ -185,11 +192,26 @@ class Gateway:
                 raise wrong_kind(name, info.kind, kind)
             return info
         self.require_ready()
-        names = ", ".join(self.pool.catalog.names()) or "none"
+        names = ", ".join(self.visible(self.pool.catalog.names())) or "none"
         raise NotFound(
             f"the model {quote(name)} does not exist; the models are: {names} (GET /v1/models)",
             param="model",
         )
+
+    def visible(self, names: list[str]) -> list[str]:
+        """Those of the served model ``names`` the current request's tenant may use.
+
+        A message that lists models lists only these, so that a tenant restricted to some
+        models (``models`` in the tenants file) does not learn the others' names.
+        """
+        tenant = REQUEST_TENANT.get()
+        if tenant is None or tenant.models is None:
+            return list(names)
+        return [
+            n for n in names
+            if (m := self.resolve_name(n)) is not None
+            and self.tenancy.may_use(tenant, m, self.resolve_name)
+        ]  # fmt: skip
 
     def reranker(self, name: str | None) -> RerankerInfo:
         """The reranker ``name``, else ``--default-reranker``, else the only one served.
@@ -334,6 +356,7 @@ class Gateway:
             try:
                 if not public:
                     state.tenant = self.tenancy.identify(request.headers.get("authorization"))
+                    REQUEST_TENANT.set(state.tenant)
                     self.tenancy.admit(state.tenant)
                 if body:
                     state.body = await read_json_body(

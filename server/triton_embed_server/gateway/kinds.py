@@ -73,7 +73,7 @@ def model_of_kind(gateway: Gateway, name: str | None, kind: ModelKind, default: 
         name = default
     if name is not None:
         return gateway.model(name, kind)
-    served = gateway.pool.catalog.of_kind(kind)
+    served = gateway.visible(gateway.pool.catalog.of_kind(kind))
     if len(served) == 1:
         return gateway.model(served[0], kind)
     gateway.require_ready()

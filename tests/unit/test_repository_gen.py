@@ -327,8 +327,8 @@ def test_replace_refuses_a_folder_that_is_not_ours(repo, mini):
     message = refused(repo, ModelOptions(name="mine", model=str(mini)), replace=True)
     assert message == (
         f"{foreign} is not a model of triton-embed: its steps (none) are not a tokenizer and an "
-        "embedder (or a pair tokenizer and a scorer, a tokenizer and a sparse, token or hybrid encoder) "
-        "whose "
+        "embedder (or a pair tokenizer and a scorer, a tokenizer and a sparse, token or hybrid "
+        "encoder) whose "
         "1/model.py imports triton_embed_server.steps.adapters; not replacing it"
     )
 

@@ -141,3 +141,14 @@ class HybridOptions(KindOptions):
         if self.outputs is not None:
             out[OUTPUTS] = ",".join(self.outputs)
         return out
+
+
+def head_parameters(hybrid: bool, head: str, parameters: dict) -> dict:
+    """A request's parameters asking a hybrid model for one head (others' unchanged).
+
+    Args:
+        hybrid: the model is a hybrid model (its config's ``kind``).
+        head: the head the call serves (``dense`` for ``embed``, ``sparse``, ``colbert``).
+        parameters: the call's other request parameters.
+    """
+    return {**parameters, OUTPUTS: head} if hybrid else parameters

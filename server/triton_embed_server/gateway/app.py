@@ -54,6 +54,7 @@ from triton_embed.transport.catalog import (
     ServedModel,
 )
 from triton_embed.transport.failures import TransportError
+from triton_embed.transport.hybrid_info import VIEWS as HYBRID_VIEWS
 from triton_embed.transport.inference import Pool, TokenBudget
 from triton_embed.transport.priorities import REQUEST_PRIORITY
 
@@ -173,6 +174,8 @@ class Gateway:
         """
         info: ServedModel | None = self.pool.catalog.resolve(name)
         if info is not None:
+            if info.kind is ModelKind.HYBRID and kind in HYBRID_VIEWS:
+                return info.view(kind)  # BGE-M3's dense, sparse or ColBERT head
             if kind is not None and info.kind is not kind:
                 raise wrong_kind(name, info.kind, kind)
             return info

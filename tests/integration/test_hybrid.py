@@ -180,9 +180,81 @@ def test_the_colbert_cap_fails_its_request_alone(client, folder):
     with pytest.raises(InferenceServerException) as err:
         infer(client, long, model="m3small")
     assert f"over the cap of {SMALL_CAP} bytes per response" in err.value.message()
-    assert "4 x 381 tokens x 128 values" in err.value.message()
+    assert "come to 381 ColBERT rows" in err.value.message()
+    assert "(4 x 381 ColBERT rows x 128 values)" in err.value.message()
     got, _ = infer(client, long, model="m3small", outputs="dense,sparse")  # no ColBERT: no cap
     want = bge_m3_reference(folder, long)
     check_dense(got["EMBEDDING"], want)
     check_sparse(got["SPARSE"], want)
     assert client.is_server_ready()
+
+
+def test_the_client_library_serves_each_head_by_name(server, folder):
+    from triton_embed import EmbeddingClient
+
+    texts = sample_texts() * 9  # 72 texts: more than one request of the ensemble's 64
+    want = bge_m3_reference(folder, texts)
+    with EmbeddingClient(server.grpc_url, admin_key=server.admin_key, model="m3") as c:
+        dense = c.embed(texts)
+        sparse = c.embed_sparse(texts, top_k=5)
+        tokens = c.embed_tokens(texts[:8], model="m3small")  # pieces within its cap
+    np.testing.assert_allclose(dense.embeddings, want.dense, rtol=RTOL, atol=ATOL)
+    assert dense.num_tokens.tolist() == [len(i) for i in want.token_ids]
+    check_sparse(codec.encode_sparse(sparse.indices, sparse.weights), want, top_k=5)
+    for g, w in zip(tokens, want.colbert[:8], strict=True):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL)
+
+
+API_KEY = "hybrid-gateway-key-41c9"
+
+
+@pytest.fixture(scope="module")
+def gateway(server):
+    from triton_embed_server.run.launcher import Gateway
+
+    with Gateway([server.grpc_url], server.admin_key, api_key=API_KEY, model="m3") as gw:
+        yield gw
+
+
+def post(gateway, route, body):
+    import requests
+
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    return requests.post(f"{gateway.base_url}{route}", json=body, headers=headers, timeout=60)
+
+
+def test_the_gateway_serves_dense_sparse_and_token_routes(gateway, folder):
+    texts = sample_texts()
+    want = bge_m3_reference(folder, texts)
+    r = post(gateway, "/v1/embeddings", {"input": texts, "model": "m3"})
+    assert r.status_code == 200, r.text
+    got = np.array([d["embedding"] for d in r.json()["data"]], np.float32)
+    np.testing.assert_allclose(got, want.dense, rtol=RTOL, atol=ATOL)
+    r = post(gateway, "/embed_sparse", {"inputs": texts, "model": "m3", "threshold": 0.5})
+    assert r.status_code == 200, r.text
+    for row, weights in zip(r.json(), want.sparse, strict=True):
+        kept = sorted(i for i in weights if weights[i] > 0.5)
+        assert [e["index"] for e in row] == kept
+        np.testing.assert_allclose([e["value"] for e in row], [weights[i] for i in kept],
+                                   rtol=RTOL, atol=ATOL)  # fmt: skip
+    r = post(gateway, "/embed_all", {"inputs": texts[:4], "model": "m3"})
+    assert r.status_code == 200, r.text
+    for g, w in zip(r.json(), want.colbert[:4], strict=True):
+        np.testing.assert_allclose(np.array(g, np.float32), w, rtol=RTOL, atol=ATOL)
+
+
+def test_the_gateway_refuses_what_a_hybrid_model_does_not_do(gateway):
+    import requests
+
+    r = post(gateway, "/v1/embeddings", {"input": ["x"], "model": "m3", "dimensions": 64})
+    assert r.status_code == 400, r.text
+    assert "dimensions" in r.json()["error"]["message"]
+    assert "not offered for hybrid models" in r.json()["error"]["message"]
+    r = post(gateway, "/v2/rerank", {"model": "m3", "query": "q", "documents": ["a", "b"]})
+    assert r.status_code == 400, r.text  # Cohere's envelope: {"message": ...}
+    assert "is a hybrid model (BGE-M3), not a reranker" in r.json()["message"]
+    assert "POST /v1/embeddings, /embed_sparse and /embed_all" in r.json()["message"]
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    models = requests.get(f"{gateway.base_url}/v1/models", headers=headers, timeout=60).json()
+    assert {m["id"]: m["kind"] for m in models["data"]}["m3"] == "hybrid"

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from triton_embed.serving_limits import TOKEN_MATRIX_BYTES
+from triton_embed.serving_limits import TOKEN_MATRIX_BYTES, token_matrix_bytes
 
 from triton_embed_server.models.hybrid_spec import HybridSpec
 from triton_embed_server.models.repository.names import LEGACY_NAME
@@ -71,11 +71,16 @@ def render_hybrid(
             ``max_length``).
         kv_cache_bytes: the engine step's ``kv_cache_bytes`` from its config text rendered
             with ``auto``; None: ``auto``.
-        max_response_bytes: the cap on one response's ColBERT matrices, bytes.
+        max_response_bytes: the cap on one response's ColBERT matrices, bytes; raised to one
+            full-length text's (``4 x (max_length - 1) x colbert_dim``: 33.5 MB for BGE-M3
+            at 8,192 tokens) when below it, so that every text can be answered.
 
     Returns:
         ``{path relative to the repository root, "/"-separated: UTF-8 bytes}``.
     """
+    max_response_bytes = max(
+        max_response_bytes, token_matrix_bytes(resolved_max_length - 1, spec.colbert_dim)
+    )
     parameters = KindParameters(
         steps={"model_path": model_path, "max_length": str(options.max_length)},
         ensemble={

@@ -86,8 +86,9 @@ class TritonPythonModel(EngineStepModel):
             step=self.step,
         )
         if "colbert" in opts.heads:
-            check_response_size([len(x) - 1 for x in ids], self.config.spec.colbert_dim,
-                                self.config.max_response_bytes)  # fmt: skip
+            rows = [len(x) - 1 for x in ids]  # ColBERT leaves the CLS token out
+            spec, cap = self.config.spec, self.config.max_response_bytes
+            check_response_size(rows, spec.colbert_dim, cap, "hybrid encoder", "ColBERT rows")
         return ids, opts
 
     def engine_call(self, decoded):

@@ -37,6 +37,8 @@ M3 = HybridInfo(
     served_model_name="BAAI/bge-m3",
     dimension=2,
     max_length=16,
+    pooling="cls",
+    normalize=True,  # as HybridInfo.from_configs states it: the gateway does not normalize
     colbert_dimension=3,
     vocab_size=100,
 )
@@ -95,6 +97,16 @@ def test_embed_sparse_asks_for_the_sparse_head_with_its_cuts(client):
     assert r.status_code == 200, r.text
     assert r.json() == [[{"index": len(t.split()), "value": 0.5}] for t in TEXTS]
     assert all(p["outputs"] == "sparse" and p["top_k"] == 4 for _, _, p in pool.calls)
+
+
+def test_a_hybrid_default_model_serves_the_tei_routes_without_a_model_field():
+    c, pool, _ = make_client(HybridPool(), default_model="m3")
+    r = post(c, "/embed_sparse", {"inputs": TEXTS})
+    assert r.status_code == 200, r.text
+    r = post(c, "/embed", {"inputs": TEXTS})
+    assert r.status_code == 200, r.text
+    assert r.json() == [[float(len(t.split())), 1.0] for t in TEXTS]
+    assert [p["outputs"] for _, _, p in pool.calls] == ["sparse"] * 2 + ["dense"] * 2
 
 
 def test_embed_all_reads_the_colbert_rows_without_the_cls_token(client):

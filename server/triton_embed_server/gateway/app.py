@@ -199,13 +199,14 @@ class Gateway:
         """The model ``name`` of ``kind``, else ``--default-model`` if of it, else the only one.
 
         For the routes of one kind of vectors (``/embed_sparse``: sparse, ``/embed_all``:
-        multi-vector).
+        multi-vector); a hybrid ``--default-model`` serves both.
 
         Raises:
             Unavailable, NotFound, BadRequest: as :func:`~.kinds.model_of_kind`.
         """
         info = self.pool.catalog.resolve(self.default_model) if self.default_model else None
-        default = self.default_model if info and info.kind is kind else None
+        serves = info is not None and (info.kind is kind or info.kind is ModelKind.HYBRID)
+        default = self.default_model if serves else None
         return model_of_kind(self, name, kind, default)
 
     def pair_budget(self, model: RerankerInfo, field: str) -> TokenBudget:

@@ -195,7 +195,7 @@ def test_the_client_library_serves_each_head_by_name(server, folder):
     texts = sample_texts() * 9  # 72 texts: more than one request of the ensemble's 64
     want = bge_m3_reference(folder, texts)
     with EmbeddingClient(server.grpc_url, admin_key=server.admin_key, model="m3") as c:
-        dense = c.embed(texts)
+        dense = c.embed_with_details(texts)
         sparse = c.embed_sparse(texts, top_k=5)
         tokens = c.embed_tokens(texts[:8], model="m3small")  # pieces within its cap
     np.testing.assert_allclose(dense.embeddings, want.dense, rtol=RTOL, atol=ATOL)
@@ -231,14 +231,15 @@ def test_the_gateway_serves_dense_sparse_and_token_routes(gateway, folder):
     assert r.status_code == 200, r.text
     got = np.array([d["embedding"] for d in r.json()["data"]], np.float32)
     np.testing.assert_allclose(got, want.dense, rtol=RTOL, atol=ATOL)
-    r = post(gateway, "/embed_sparse", {"inputs": texts, "model": "m3", "threshold": 0.5})
+    tei = {"model": "m3", "truncate": True}  # TEI refuses an over-long text by default
+    r = post(gateway, "/embed_sparse", {"inputs": texts, **tei, "threshold": 0.5})
     assert r.status_code == 200, r.text
     for row, weights in zip(r.json(), want.sparse, strict=True):
         kept = sorted(i for i in weights if weights[i] > 0.5)
         assert [e["index"] for e in row] == kept
         np.testing.assert_allclose([e["value"] for e in row], [weights[i] for i in kept],
                                    rtol=RTOL, atol=ATOL)  # fmt: skip
-    r = post(gateway, "/embed_all", {"inputs": texts[:4], "model": "m3"})
+    r = post(gateway, "/embed_all", {"inputs": texts[:4], **tei})
     assert r.status_code == 200, r.text
     for g, w in zip(r.json(), want.colbert[:4], strict=True):
         np.testing.assert_allclose(np.array(g, np.float32), w, rtol=RTOL, atol=ATOL)

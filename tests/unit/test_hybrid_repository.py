@@ -18,6 +18,7 @@ from triton_embed.options import Truncation
 from triton_embed.serving_limits import TOKEN_MATRIX_BYTES
 from triton_embed.transport.catalog import ModelKind
 from triton_embed.transport.hybrid_info import HybridInfo, any_served_model
+from triton_embed_server.host.node_memory import engine_needs
 from triton_embed_server.host.shm.sizing import step_size
 from triton_embed_server.models import repository as gen
 from triton_embed_server.models.hybrid_spec import HybridSpec, is_hybrid, read_hybrid_spec
@@ -117,6 +118,9 @@ def test_add_writes_the_ensemble_and_its_steps_which_parse_back(tmp_path, folder
     )
     assert isinstance(info, HybridInfo) and info.kind is ModelKind.HYBRID
     assert (info.dimension, info.colbert_dimension) == (HIDDEN_SIZE, COLBERT_DIM)
+    needs = engine_needs([repo])  # its node-memory need is counted, one per instance
+    assert [(n.model, n.instance) for n in needs] == [("m3_hybrid_encoder", i) for i in (0, 1)]
+    assert needs[0].weight_bytes > 0
     size = step_size("m3_hybrid_encoder", encoder, repo, kind="hybrid_encoder")
     rows = BGE_M3_MAX_LENGTH - 1
     assert size.tensors["TOKEN_EMBEDDINGS"] == 64 * (4 + 4 * rows * COLBERT_DIM)

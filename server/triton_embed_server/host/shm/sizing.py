@@ -291,7 +291,8 @@ def step_size(
         repository: the model repository.
         gpus: GPUs the server sees (for ``KIND_GPU`` counts).
         kind: which of this project's steps it is (``tokenizer``, ``embedder``,
-            ``pair_tokenizer``, ``scorer``, ``sparse_encoder``, ``token_encoder``: its
+            ``pair_tokenizer``, ``scorer``, ``sparse_encoder``, ``token_encoder``,
+            ``hybrid_encoder``: its
             ``1/model.py``
             adapter); None: by the
             shipped names ``tokenizer`` and ``embedder``.

@@ -39,6 +39,7 @@ from triton_embed.errors import (
     ServerUnavailableError,
     map_error,
 )
+from triton_embed.hybrid_options import head_parameters
 from triton_embed.model_control import ModelControl
 from triton_embed.multivector_client import TokenEmbedding
 from triton_embed.options import EmbeddingType, InvalidUtf8, RequestOptions, Truncation
@@ -106,6 +107,7 @@ _KIND_WORDS = {
     ModelKind.RERANKER: ("a reranker", "rerank()"),
     ModelKind.SPARSE: ("a sparse model", "embed_sparse()"),
     ModelKind.MULTIVECTOR: ("a multi-vector model", "embed_tokens()"),
+    ModelKind.HYBRID: ("a hybrid model", "embed(), embed_sparse() or embed_tokens()"),
 }
 
 
@@ -317,12 +319,17 @@ class EmbeddingClient(ChannelOwner, Reranking, SparseEmbedding, TokenEmbedding):
             except Exception:  # noqa: BLE001 - the ensemble's max_batch_size then
                 return most
             return min(most, preferred_pairs(scorer) or most)
-        if self._kinds[model] is ModelKind.MULTIVECTOR:  # no answer over the response cap
+        if self._kinds[model] in (ModelKind.MULTIVECTOR, ModelKind.HYBRID):  # within the cap
             return texts_within_cap(config, most)
         return most
 
-    def _check_kind(self, model: str, wanted: ModelKind) -> None:
+    def _check_kind(self, model: str, wanted: ModelKind) -> bool:
         """Refuse a call to a model of the other kind, when its config was read.
+
+        A hybrid model (BGE-M3) serves ``embed``, ``embed_sparse`` and ``embed_tokens``.
+
+        Returns:
+            Whether ``model`` is a hybrid model (the call asks for its one head).
 
         Raises:
             InvalidInputError: ``model`` is a reranker and ``wanted`` embedding, or the
@@ -330,8 +337,10 @@ class EmbeddingClient(ChannelOwner, Reranking, SparseEmbedding, TokenEmbedding):
         """
         self._batch_size(model)  # reads the config (and the kind) once
         kind = self._kinds.get(model)
+        if kind is ModelKind.HYBRID and wanted is not ModelKind.RERANKER:
+            return True
         if kind is None or kind is wanted:
-            return
+            return False
         what, method = _KIND_WORDS[kind]
         wanted_what, wanted_method = _KIND_WORDS[wanted]
         raise InvalidInputError(
@@ -457,8 +466,9 @@ class EmbeddingClient(ChannelOwner, Reranking, SparseEmbedding, TokenEmbedding):
         payloads = [as_bytes(t, i) for i, t in enumerate(texts)]
         if not payloads:
             return EmbedResult(np.zeros((0, 0), np.float32), np.zeros(0, np.int32), [])
-        self._check_kind(model, ModelKind.EMBEDDING)
-        request = TextsRequest(model, opts.to_parameters(), opts.embedding_type)
+        hybrid = self._check_kind(model, ModelKind.EMBEDDING)
+        parameters = head_parameters(hybrid, "dense", opts.to_parameters())
+        request = TextsRequest(model, parameters, opts.embedding_type)
 
         def send(start: int, stop: int, calls: CallGroup) -> tuple[np.ndarray, np.ndarray]:
             return self._infer(payloads[start:stop], start, request, calls)

@@ -35,6 +35,7 @@ ENGINE_STEPS = {
     "reranker": "scorer",
     "sparse": "sparse_encoder",
     "multivector": "token_encoder",
+    "hybrid": "hybrid_encoder",
 }
 
 

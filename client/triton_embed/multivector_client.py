@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from triton_embed.errors import InvalidInputError
+from triton_embed.hybrid_options import head_parameters
 from triton_embed.multivector_options import MultiVectorOptions
 from triton_embed.options import Truncation
 from triton_embed.transport.calls import (
@@ -45,7 +46,8 @@ class TokenEmbedding(ClientPart):
 
         Args:
             texts: ``n`` texts (``str``, or UTF-8 ``bytes`` sent as is).
-            model: the multi-vector ensemble (default: the client's ``model``).
+            model: the multi-vector ensemble, or a hybrid one (BGE-M3's ColBERT vectors;
+                default: the client's ``model``).
             input_type: ``query`` or ``document`` (``None``: the server's, ``document``):
                 ColBERT's marker, and a query's length and ``[MASK]`` augmentation.
             truncation: ``NONE``, ``END`` or ``START`` (not ``CHUNK``; ``None``: the
@@ -57,7 +59,8 @@ class TokenEmbedding(ClientPart):
 
         Returns:
             Per text float32 ``[tokens, dim]``, in input order (``tokens``: the text's
-            ``NUM_TOKENS``, special tokens, marker and mask tokens included).
+            ``NUM_TOKENS``, special tokens, marker and mask tokens included; a hybrid
+            model's ColBERT vectors leave the CLS token out: ``NUM_TOKENS - 1`` rows).
 
         Raises:
             InvalidInputError: an option outside its values, a text refused (``error.index``
@@ -77,8 +80,9 @@ class TokenEmbedding(ClientPart):
         model, trace = model or self.model, trace_argument(traceparent)
         if not payloads:
             return []
-        self._check_kind(model, ModelKind.MULTIVECTOR)
-        request = PairsRequest(model, options.to_parameters())
+        hybrid = self._check_kind(model, ModelKind.MULTIVECTOR)
+        parameters = head_parameters(hybrid, "colbert", options.to_parameters())
+        request = PairsRequest(model, parameters, rows_skipped=int(hybrid))
         channel = Channel(self._grpc, self._client, self.url, self.timeout_s)
 
         def send(start: int, stop: int, calls: CallGroup):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from triton_embed.errors import InvalidInputError
+from triton_embed.hybrid_options import head_parameters
 from triton_embed.options import Truncation
 from triton_embed.sparse_options import SparseOptions
 from triton_embed.transport.calls import (
@@ -79,7 +80,8 @@ class SparseEmbedding(ClientPart):
 
         Args:
             texts: ``n`` texts (``str``, or UTF-8 ``bytes`` sent as is).
-            model: the sparse ensemble (default: the client's ``model``).
+            model: the sparse ensemble, or a hybrid one (BGE-M3's lexical weights; default:
+                the client's ``model``).
             top_k: keep each text's ``top_k`` largest weights (``None``: the server's).
             threshold: keep weights above it (``None``: the server's, 0).
             truncation: ``NONE``, ``END`` or ``START`` (not ``CHUNK``; ``None``: the
@@ -112,8 +114,8 @@ class SparseEmbedding(ClientPart):
         model, trace = model or self.model, trace_argument(traceparent)
         if not payloads:
             return SparseResult([], [], np.zeros(0, np.int32), [])
-        self._check_kind(model, ModelKind.SPARSE)
-        request = PairsRequest(model, options.to_parameters())
+        hybrid = self._check_kind(model, ModelKind.SPARSE)
+        request = PairsRequest(model, head_parameters(hybrid, "sparse", options.to_parameters()))
         channel = Channel(self._grpc, self._client, self.url, self.timeout_s, self.priority_level)
 
         def send(start: int, stop: int, calls: CallGroup):

@@ -16,7 +16,7 @@ from triton_embed_server.run.launcher import REPO_ROOT
 from tritonclient.grpc import model_config_pb2
 
 #: Every step config with a dynamic batcher: the shipped ones (the templates link to them)
-#: and the reranker's and sparse model's templates; CPU and GPU variants.
+#: and the other kinds' templates; CPU and GPU variants.
 STEP_CONFIGS = sorted(
     {
         p.resolve()
@@ -50,10 +50,12 @@ def test_every_step_config_is_found():
         "sparse_encoder_gpu.pbtxt",
         "token_encoder_cpu.pbtxt",
         "token_encoder_gpu.pbtxt",
+        "hybrid_encoder_cpu.pbtxt",
+        "hybrid_encoder_gpu.pbtxt",
     } <= names
-    assert len(STEP_CONFIGS) == 10  # tokenizer, embedder CPU/GPU, pair tokenizer, scorer x2,
-    # sparse encoder x2, token encoder x2 (the sparse and multi-vector tokenizers are the
-    # shipped tokenizer's template)
+    assert len(STEP_CONFIGS) == 12  # tokenizer, embedder CPU/GPU, pair tokenizer, scorer x2,
+    # sparse encoder x2, token encoder x2, hybrid encoder x2 (the sparse, multi-vector and
+    # hybrid tokenizers are the shipped tokenizer's template)
 
 
 @pytest.mark.parametrize("path", STEP_CONFIGS, ids=lambda p: f"{p.parent.name}/{p.name}")

@@ -77,11 +77,11 @@ def test_the_step_models_are_precompiled(repo):
 def test_the_package_reads_the_shipped_files_themselves():
     """One text: the package data are links to model_repository/, not copies of it.
 
-    ``reranker/``, ``sparse/`` and ``multivector/`` hold those kinds' own templates:
+    ``reranker/``, ``sparse/``, ``multivector/`` and ``hybrid/`` hold those kinds' own templates:
     neither ships in model_repository/.
     """
     for template in gen.TEMPLATES.iterdir():
-        if template.name in ("reranker", "sparse", "multivector"):
+        if template.name in ("reranker", "sparse", "multivector", "hybrid"):
             continue
         assert template.is_symlink(), template.name
         assert Path(template).resolve().is_relative_to(MODEL_REPOSITORY), template.name
@@ -327,8 +327,8 @@ def test_replace_refuses_a_folder_that_is_not_ours(repo, mini):
     message = refused(repo, ModelOptions(name="mine", model=str(mini)), replace=True)
     assert message == (
         f"{foreign} is not a model of triton-embed: its steps (none) are not a tokenizer and an "
-        "embedder (or a pair tokenizer and a scorer, a tokenizer and a sparse or token encoder) "
-        "whose "
+        "embedder (or a pair tokenizer and a scorer, a tokenizer and a sparse, token or hybrid "
+        "encoder) whose "
         "1/model.py imports triton_embed_server.steps.adapters; not replacing it"
     )
 

@@ -237,6 +237,12 @@ def request_options(
             )
         except ValueError as exc:
             raise InvalidInputError(f"{exc} (model {model!r} is a multi-vector model)") from None
+    if kind is ModelKind.HYBRID:
+        raise InvalidInputError(
+            f"model {model!r} is a hybrid model (BGE-M3); the bulk job does not choose one of "
+            "its heads yet: use the client library's embed, embed_sparse or embed_tokens with "
+            "it, or pass --model an embedding, a sparse or a multi-vector model"
+        )
     raise InvalidInputError(
         f"model {model!r} is a {kind.value}; the bulk job writes the vectors of an embedding, "
         "a sparse or a multi-vector model: pass --model the name of one"

@@ -91,10 +91,15 @@ class TextsRequest:
 
 @dataclass(frozen=True)
 class PairsRequest:
-    """What every request of one ``rerank`` (or ``embed_sparse``) call shares: model, parameters."""
+    """What every request of one ``rerank`` (or ``embed_sparse``) call shares: model, parameters.
+
+    ``rows_skipped``: a token matrix has ``NUM_TOKENS - rows_skipped`` rows (1 for a hybrid
+    model's ColBERT vectors, which leave the CLS token out).
+    """
 
     model: str
     parameters: dict
+    rows_skipped: int = 0
 
 
 @dataclass(frozen=True)
@@ -275,7 +280,7 @@ def send_tokens(
     if len(elements) != len(batch) or len(counts) != len(batch):
         raise EmbedClientError(f"server returned {len(elements)} matrices for {len(batch)} texts")
     try:
-        return decode_token_matrices(elements, counts), counts
+        return decode_token_matrices(elements, counts - request.rows_skipped), counts
     except ValueError as exc:
         raise EmbedClientError(f"server returned unreadable token vectors: {exc}") from None
 

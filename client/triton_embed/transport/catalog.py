@@ -1,6 +1,4 @@
-"""The models the upstreams serve, read from their Triton model configs: embedders and rerankers.
-
-Three kinds of ensemble are served (:class:`ModelKind`); :func:`served_model` tells them apart.
+"""The models the upstreams serve, read from their Triton model configs (:class:`ModelKind`).
 
 An **embedding ensemble** is a READY model whose config is ``platform: "ensemble"`` with the
 outputs ``EMBEDDING`` and ``NUM_TOKENS`` and at least two steps: the first step is its
@@ -15,10 +13,9 @@ which the gateway calls directly for token-ID input). What the catalog keeps of 
 * from its steps' configs: their ``max_batch_size``; the embedder's ``pooling``,
   ``normalize``, ``dtype`` and ``max_num_batched_tokens`` parameters.
 
-Pooling and normalization are often left empty in the embedder's config ("what the model folder
-states"); the pool then asks a facts reader it was given (``facts_reader``): the default,
-:func:`config_facts`, knows only what the config states; the HTTP gateway, which may run next
-to the model folders, passes one that reads the folder too (``..gateway.folder_facts``).
+Pooling and normalization left empty in the embedder's config ("what the model folder
+states") are asked of the pool's facts reader (``facts_reader``): :func:`config_facts` by
+default; the HTTP gateway's reads the folder too (``..gateway.folder_facts``).
 
 A **reranker ensemble** (docs/rerank.md) is a READY model whose config is
 ``platform: "ensemble"`` with the inputs ``QUERY`` and ``DOCUMENT``, the outputs ``SCORE``
@@ -28,15 +25,14 @@ What the catalog keeps of each is :class:`RerankerInfo`: ``max_batch_size`` (pai
 request), ``served_model_name``, ``max_length`` (the token budget per pair), ``family``
 (``cross_encoder`` or ``decoder``) and the pair tokenizer's token budget per request.
 
-A **sparse ensemble** (docs/sparse.md) is an embedding ensemble whose vector output is
-``SPARSE`` instead of ``EMBEDDING`` (per text, its non-zero vocabulary indices and weights);
-the catalog keeps it as a :class:`SparseInfo`, the same attributes as :class:`ModelInfo`.
-A **multi-vector ensemble** answers ``TOKEN_EMBEDDINGS`` (per text, one vector per token);
-the catalog keeps it as a :class:`MultiVectorInfo`, with its query length and response cap.
+A **sparse ensemble** (docs/sparse.md) answers ``SPARSE`` instead of ``EMBEDDING`` (per
+text, its non-zero vocabulary indices and weights): a :class:`SparseInfo`. A **multi-vector
+ensemble** answers ``TOKEN_EMBEDDINGS`` (one vector per token): a :class:`MultiVectorInfo`,
+with its query length and response cap. A **hybrid ensemble** (BGE-M3) answers all three:
+a :class:`~triton_embed.transport.hybrid_info.HybridInfo`.
 
-Clients name a model by its ensemble name or its ``served_model_name`` (:meth:`Catalog.resolve`);
-an ensemble name wins over another model's alias. Both kinds share one name space, so a
-request that names a model of the other kind is told so (``kind``) instead of "not found".
+Clients name a model by its ensemble name or ``served_model_name`` (:meth:`Catalog.resolve`;
+an ensemble name wins over an alias); a model of another kind is told so (``kind``).
 """
 
 from __future__ import annotations
@@ -72,6 +68,7 @@ class ModelKind(str, enum.Enum):
     RERANKER = "reranker"
     SPARSE = "sparse"
     MULTIVECTOR = "multivector"
+    HYBRID = "hybrid"
 
 
 @dataclass(frozen=True)
@@ -229,11 +226,13 @@ class SparseInfo(ModelInfo):
 def texts_within_cap(config: Mapping[str, Any], most: int) -> int:
     """Texts per request to a multi-vector ensemble so that no answer passes its cap.
 
-    ``max(1, min(most, max_response_bytes // (4 x max_length x dimension)))`` from the
-    ensemble's parameters (the cap: :data:`~triton_embed.serving_limits.TOKEN_MATRIX_BYTES`
-    when not stated); ``most`` when the config does not state the lengths. Never raises.
+    ``max(1, min(most, max_response_bytes // (4 x max_length x dimension)))`` (a hybrid's
+    ``colbert_dimension``) from the ensemble's parameters (the cap: :data:`~triton_embed.
+    serving_limits.TOKEN_MATRIX_BYTES` when not stated); ``most`` when the config does not
+    state the lengths. Never raises.
     """
-    dim, max_length = int_parameter(config, "dimension"), int_parameter(config, "max_length")
+    dim = int_parameter(config, "colbert_dimension") or int_parameter(config, "dimension")
+    max_length = int_parameter(config, "max_length")
     cap = int_parameter(config, "max_response_bytes") or TOKEN_MATRIX_BYTES
     return fit_token_matrices(most, max_length, dim, cap)
 
@@ -404,18 +403,16 @@ def is_reranker_config(config: Mapping[str, Any]) -> bool:
     """
     inputs = {i.get("name") for i in config.get("input", [])}
     outputs = {o.get("name") for o in config.get("output", [])}
-    stated = parameter(config, "kind").lower()
-    return (
-        RERANKER_INPUTS <= inputs
-        and RERANKER_OUTPUTS <= outputs
-        and stated in ("", ModelKind.RERANKER.value)
-    )
+    stated = parameter(config, "kind").lower() in ("", ModelKind.RERANKER.value)
+    return RERANKER_INPUTS <= inputs and RERANKER_OUTPUTS <= outputs and stated
 
 
 def kind_of_config(config: Mapping[str, Any]) -> ModelKind | None:
-    """A config's kind by its outputs (``EMBEDDING``, ``SPARSE``, ``SCORE``), else ``None``."""
+    """A config's kind by its outputs (``EMBEDDING``, ``SPARSE``...) or ``kind``; else ``None``."""
     if is_reranker_config(config):
         return ModelKind.RERANKER
+    if parameter(config, "kind").lower() == ModelKind.HYBRID.value:  # BGE-M3: 3 outputs
+        return ModelKind.HYBRID
     outputs = {o.get("name") for o in config.get("output", [])}
     if SPARSE_OUTPUTS <= outputs:
         return ModelKind.SPARSE
@@ -424,7 +421,7 @@ def kind_of_config(config: Mapping[str, Any]) -> ModelKind | None:
     return ModelKind.EMBEDDING if EMBEDDING_OUTPUTS <= outputs else None
 
 
-#: A model of the catalog: an embedding, sparse or reranker ensemble (``.kind`` says which).
+#: A model of the catalog (``.kind`` says which; a hybrid one is a MultiVectorInfo subclass).
 ServedModel = ModelInfo | SparseInfo | MultiVectorInfo | RerankerInfo
 
 
@@ -446,10 +443,12 @@ def served_model(
         return reranker
     if config.get("platform") != "ensemble" or is_reranker_config(config):
         return None
-    if kind_of_config(config) is ModelKind.SPARSE:
-        return SparseInfo.from_configs(config, step_configs)
-    if kind_of_config(config) is ModelKind.MULTIVECTOR:
-        return MultiVectorInfo.from_configs(config, step_configs)
+    kind = kind_of_config(config)
+    if kind is ModelKind.HYBRID:  # hybrid_info.any_served_model's
+        return None
+    if kind in (ModelKind.SPARSE, ModelKind.MULTIVECTOR):
+        info = SparseInfo if kind is ModelKind.SPARSE else MultiVectorInfo
+        return info.from_configs(config, step_configs)
     return ModelInfo.from_configs(config, step_configs, facts())
 
 

@@ -90,13 +90,16 @@ class Embeddings:
         """
         return decode_embeddings(self.elements)
 
-    def token_matrices(self) -> list[np.ndarray]:
+    def token_matrices(self, rows_skipped: int = 0) -> list[np.ndarray]:
         """A multi-vector model's vectors: per input float32 ``[num_tokens[i], dim]``.
+
+        ``rows_skipped``: a matrix has ``num_tokens[i] - rows_skipped`` rows (1 for a hybrid
+        model's ColBERT vectors, the CLS token left out).
 
         Raises:
             ValueError: a payload is not whole rows of one dimension for its token count.
         """
-        return decode_token_matrices(self.elements, self.num_tokens)
+        return decode_token_matrices(self.elements, self.num_tokens - rows_skipped)
 
     def sparse(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """A sparse model's vectors: per input, ``(indices int32 [k], weights float32 [k])``.

@@ -38,7 +38,7 @@ import numpy as np
 
 from triton_embed.admin import grpc_headers, is_refused
 from triton_embed.transport.addresses import Target, address, resolve
-from triton_embed.transport.catalog import Catalog, FolderFacts, config_facts, served_model
+from triton_embed.transport.catalog import Catalog, FolderFacts, config_facts
 from triton_embed.transport.failures import (
     QUEUE_FULL,
     ErrorKind,
@@ -48,6 +48,7 @@ from triton_embed.transport.failures import (
     short_message,
     status_name,
 )
+from triton_embed.transport.hybrid_info import any_served_model
 from triton_embed.transport.observer import NO_OBSERVER, PoolObserver
 from triton_embed.transport.priorities import PriorityGate, gate, priority_kwargs
 from triton_embed.transport.tracing import call_span, capture
@@ -338,7 +339,7 @@ class UpstreamPool:
             if not upstream.ready:
                 continue
             for name in sorted(upstream.configs):
-                info = served_model(
+                info = any_served_model(
                     upstream.configs[name],
                     upstream.configs,
                     lambda: self._embedder_facts(upstream, name),  # noqa: B023 - called at once

@@ -59,6 +59,7 @@ from triton_embed.transport.catalog import (
     ServedModel,
 )
 from triton_embed.transport.failures import TransportError
+from triton_embed.transport.hybrid_info import VIEWS as HYBRID_VIEWS
 from triton_embed.transport.inference import Pool, TokenBudget
 from triton_embed.transport.priorities import REQUEST_PRIORITY
 
@@ -188,6 +189,8 @@ class Gateway:
         """
         info: ServedModel | None = self.pool.catalog.resolve(name)
         if info is not None:
+            if info.kind is ModelKind.HYBRID and kind in HYBRID_VIEWS:
+                return info.view(kind)  # BGE-M3's dense, sparse or ColBERT head
             if kind is not None and info.kind is not kind:
                 raise wrong_kind(name, info.kind, kind)
             return info
@@ -226,13 +229,14 @@ class Gateway:
         """The model ``name`` of ``kind``, else ``--default-model`` if of it, else the only one.
 
         For the routes of one kind of vectors (``/embed_sparse``: sparse, ``/embed_all``:
-        multi-vector).
+        multi-vector); a hybrid ``--default-model`` serves both.
 
         Raises:
             Unavailable, NotFound, BadRequest: as :func:`~.kinds.model_of_kind`.
         """
         info = self.pool.catalog.resolve(self.default_model) if self.default_model else None
-        default = self.default_model if info and info.kind is kind else None
+        serves = info is not None and (info.kind is kind or info.kind is ModelKind.HYBRID)
+        default = self.default_model if serves else None
         return model_of_kind(self, name, kind, default)
 
     def pair_budget(self, model: RerankerInfo, field: str) -> TokenBudget:

@@ -24,12 +24,14 @@ from typing import TYPE_CHECKING, Any
 from triton_embed.options import (
     DIMENSIONS,
     INPUT_TYPE,
+    OptionError,
     RequestOptions,
     Truncation,
     parse_input_type,
 )
 from triton_embed.transport import inference
 from triton_embed.transport.catalog import ModelInfo
+from triton_embed.transport.hybrid_info import head_options
 from triton_embed.transport.inference import MAX_INPUTS
 
 from triton_embed_server.gateway.errors import BadRequest, EmptyInput, TooLarge, quote
@@ -310,6 +312,11 @@ async def embed_inputs(
     """
     state.model = model.name
     check_not_empty(inputs, model, field)
+    if getattr(model, "head", None):  # a hybrid model's view: ask for that head only
+        try:
+            options = head_options(options, model.head)
+        except OptionError as exc:
+            raise BadRequest(str(exc), param=exc.name) from None
     budget = gateway.token_budget(model, text_options or options, field)
     if inputs.texts is not None:
         estimate = estimate_tokens([len(t) for t in inputs.texts], budget.max_tokens_per_text)

@@ -24,6 +24,7 @@ KIND_ROUTES = {
     ModelKind.RERANKER: "POST /v1/rerank, /v2/rerank, /rerank, /score, /v1/score",
     ModelKind.SPARSE: "POST /embed_sparse",
     ModelKind.MULTIVECTOR: "POST /embed_all",
+    ModelKind.HYBRID: "POST /v1/embeddings, /embed_sparse and /embed_all",
 }
 #: Where the docs say how to serve a model of each kind.
 KIND_DOCS = {
@@ -31,6 +32,7 @@ KIND_DOCS = {
     ModelKind.RERANKER: "docs/rerank.md, 'Adding one'",
     ModelKind.SPARSE: "docs/sparse.md, 'Adding one'",
     ModelKind.MULTIVECTOR: "docs/sparse.md, 'Multi-vector'",
+    ModelKind.HYBRID: "docs/sparse.md, 'Hybrid models'",
 }
 #: A kind of model in a sentence: one, and several.
 KIND_NAMES = {
@@ -38,12 +40,14 @@ KIND_NAMES = {
     ModelKind.RERANKER: "a reranker",
     ModelKind.SPARSE: "a sparse model",
     ModelKind.MULTIVECTOR: "a multi-vector model",
+    ModelKind.HYBRID: "a hybrid model (BGE-M3)",
 }
 KIND_PLURALS = {
     ModelKind.EMBEDDING: "embedding models",
     ModelKind.RERANKER: "rerankers",
     ModelKind.SPARSE: "sparse models",
     ModelKind.MULTIVECTOR: "multi-vector models",
+    ModelKind.HYBRID: "hybrid models",
 }
 
 

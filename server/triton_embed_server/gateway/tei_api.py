@@ -289,7 +289,7 @@ async def embed_all(gateway: Gateway, request: Request, state: RequestState) -> 
         gateway, state, model, inputs, options, "inputs", options.text_options()
     )
     try:
-        matrices = result.token_matrices()
+        matrices = result.token_matrices(getattr(model, "rows_skipped", 0))
     except ValueError as exc:
         raise inference.bad_answer(model.name, exc) from None
     body = await asyncio.to_thread(orjson.dumps, matrices, option=orjson.OPT_SERIALIZE_NUMPY)

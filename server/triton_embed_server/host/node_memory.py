@@ -174,7 +174,7 @@ def engine_needs(
 
     Args:
         repositories: model repositories (every model whose ``1/model.py`` is our embedder,
-            scorer or sparse encoder).
+            scorer, sparse, token or hybrid encoder).
         config_name: ``--model-config-name``, if given.
         allowed_cpus: the CPUs the server may use (None: this process's).
         numa_root: the sysfs NUMA folder.
@@ -190,6 +190,7 @@ def engine_needs(
     from triton_embed_server.models.instance_group import read_config_pbtxt
     from triton_embed_server.models.repository.layout import step_kind
     from triton_embed_server.steps.config import EmbedderConfig
+    from triton_embed_server.steps.hybrid_config import HybridEncoderConfig
     from triton_embed_server.steps.multivector_config import TokenEncoderConfig
     from triton_embed_server.steps.rerank_config import ScorerConfig
     from triton_embed_server.steps.sparse_config import SparseEncoderConfig
@@ -199,6 +200,7 @@ def engine_needs(
         "scorer": ScorerConfig,
         "sparse_encoder": SparseEncoderConfig,
         "token_encoder": TokenEncoderConfig,
+        "hybrid_encoder": HybridEncoderConfig,
     }
 
     if auto_plan is None:

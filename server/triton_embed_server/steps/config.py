@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from triton_embed.hybrid_options import parse_hybrid_truncation
 from triton_embed.multivector_options import parse_multivector_truncation
 from triton_embed.options import DEFAULT_ALLOW_EMPTY, DEFAULT_TRUNCATION, Truncation
 from triton_embed.serving_limits import REQUEST_TEXTS, request_token_budget
@@ -43,12 +44,13 @@ from triton_embed_server.steps.engine_config import (
 )
 
 #: The model kinds a tokenizer step tokenizes for: which request options it reads.
-TOKENIZER_KINDS = ("embedding", "sparse", "multivector")
+TOKENIZER_KINDS = ("embedding", "sparse", "multivector", "hybrid")
 #: How each kind parses the ``truncation`` parameter (``CHUNK`` is an embedding model's).
 _TRUNCATIONS = {
     "embedding": Truncation.parse,
     "sparse": parse_sparse_truncation,
     "multivector": parse_multivector_truncation,
+    "hybrid": parse_hybrid_truncation,
 }
 
 __all__ = [
@@ -91,7 +93,8 @@ class TokenizerConfig(StepConfig):
             ``embedding`` (the default; the request options of :mod:`triton_embed.options`) or
             ``sparse`` (those of :mod:`triton_embed.sparse_options`, ``CHUNK`` refused) or
             ``multivector`` (:mod:`triton_embed.multivector_options`: ``input_type`` is
-            ``query`` or ``document``, which pick the markers of :attr:`multivector`).
+            ``query`` or ``document``, which pick the markers of :attr:`multivector`) or
+            ``hybrid`` (:mod:`triton_embed.hybrid_options`, ``CHUNK`` refused).
         multivector: a multi-vector model's spec (its markers, query length and
             augmentation), read from the same parameters as its engine step; ``None`` for
             the other kinds.

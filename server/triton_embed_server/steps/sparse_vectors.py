@@ -37,11 +37,35 @@ def sparsify(
     if threshold < 0:
         raise ValueError(f"threshold must be >= 0, got {threshold}")
     indices = np.flatnonzero(weights > threshold)
+    return keep(indices, weights[indices], top_k)
+
+
+def keep(
+    indices: np.ndarray, values: np.ndarray, top_k: int | None = None, threshold: float = 0.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """The entries of a sparse vector that a request keeps: above ``threshold``, ``top_k``.
+
+    The one rule of both sparse kinds (:func:`sparsify` for SPLADE's full-vocabulary
+    weights; the hybrid kind's weights per token ID, already sparse).
+
+    Args:
+        indices: int ``[m]`` ascending vocabulary indices.
+        values: float32 ``[m]`` their weights.
+        top_k: keep at most this many, the largest weights (ties: the lower index first);
+            ``None``: all of them.
+        threshold: keep only weights strictly above it.
+
+    Returns:
+        ``(indices, values)``: int32 ``[k]`` ascending and float32 ``[k]``.
+    """
+    values = np.asarray(values, dtype=np.float32)
+    above = values > threshold
+    indices, values = np.asarray(indices)[above], values[above]
     if top_k is not None and indices.size > top_k:
         # A stable sort of the negated weights: the largest first, ties by lower index.
-        order = np.argsort(-weights[indices], kind="stable")[:top_k]
-        indices = np.sort(indices[order])
-    return indices.astype(np.int32), weights[indices]
+        order = np.sort(np.argsort(-values, kind="stable")[:top_k])
+        indices, values = indices[order], values[order]
+    return indices.astype(np.int32), values
 
 
 def sparsify_all(

@@ -13,13 +13,22 @@ from triton_embed.serving_limits import token_matrix_bytes
 from triton_embed_server.steps.errors import TooMuchWorkError
 
 
-def check_response_size(tokens_per_text: Sequence[int], dim: int, cap_bytes: int) -> int:
+def check_response_size(
+    tokens_per_text: Sequence[int],
+    dim: int,
+    cap_bytes: int,
+    step: str = "token encoder",
+    rows: str = "tokens",
+) -> int:
     """The bytes of a request's token matrices, ``4 x tokens x dim`` over its texts.
 
     Args:
         tokens_per_text: each text's token count (rows of its matrix).
         dim: values per token vector.
         cap_bytes: the most one response may carry (``max_response_bytes``).
+        step: the step whose parameter the cap is, for the message.
+        rows: what the rows are called in the message (the hybrid encoder passes its
+            ColBERT rows, ``tokens - 1`` per text, as ``tokens_per_text``).
 
     Returns:
         The response's matrix bytes (at most ``cap_bytes``).
@@ -33,9 +42,9 @@ def check_response_size(tokens_per_text: Sequence[int], dim: int, cap_bytes: int
         texts = len(tokens_per_text)
         fits = cap_bytes // token_matrix_bytes(1, dim)
         raise TooMuchWorkError(
-            f"the request's {texts} texts come to {tokens} tokens: their token vectors are "
-            f"{size} bytes (4 x {tokens} tokens x {dim} values), over the cap of {cap_bytes} "
-            f"bytes per response (the token encoder's max_response_bytes: {fits} tokens of "
+            f"the request's {texts} texts come to {tokens} {rows}: their token vectors are "
+            f"{size} bytes (4 x {tokens} {rows} x {dim} values), over the cap of {cap_bytes} "
+            f"bytes per response (the {step}'s max_response_bytes: {fits} {rows} of "
             f"this model); send fewer or shorter texts per request"
         )
     return size

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from triton_embed.hybrid_options import HybridOptions
 from triton_embed.multivector_options import MultiVectorOptions
 from triton_embed.options import DEFAULT_INVALID_UTF8, InvalidUtf8, RequestOptions, Truncation
 from triton_embed.sparse_options import SparseOptions
@@ -64,7 +65,7 @@ def parse_request_options(parameters: Mapping[str, Any], kind: str = "embedding"
         parameters: the request's parameters, e.g. ``{"truncation": "NONE"}``. Keys that
             Triton's protocols reserve (``sequence_id``, ``priority``, ...) are ignored.
         kind: the model kind of the step (``TokenizerConfig.kind``): ``embedding``,
-            ``sparse`` or ``multivector``.
+            ``sparse``, ``multivector`` or ``hybrid``.
 
     Returns:
         The options the request set; the others are ``None`` (server default).
@@ -78,6 +79,8 @@ def parse_request_options(parameters: Mapping[str, Any], kind: str = "embedding"
             return SparseOptions.from_parameters(parameters).text_options()
         if kind == "multivector":
             return MultiVectorOptions.from_parameters(parameters).text_options()
+        if kind == "hybrid":
+            return HybridOptions.from_parameters(parameters).text_options()
         return RequestOptions.from_parameters(parameters)
     except ValueError as exc:
         raise InvalidArgumentError(str(exc)) from None
@@ -189,8 +192,8 @@ def check_text_size(payload: bytes, index: int, config: TokenizerConfig, limit: 
 
 
 def offers_chunk(config: TokenizerConfig) -> bool:
-    """Whether the step's kind offers ``truncation=CHUNK`` (sparse and multi-vector do not)."""
-    return config.kind not in ("sparse", "multivector")
+    """Whether the step's kind offers ``truncation=CHUNK`` (sparse, multi-vector, hybrid: no)."""
+    return config.kind not in ("sparse", "multivector", "hybrid")
 
 
 class TextTokenizer:

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from triton_embed_server.models.multivector_spec import Layout
+from triton_embed_server.models.multivector_spec import Layout, MultiVectorSpec
 from triton_embed_server.steps.errors import EngineError
 from triton_embed_server.steps.multivector_config import TokenEncoderConfig
 from triton_embed_server.steps.vllm_engine import LEGACY_KV_ENV
@@ -50,7 +50,18 @@ def multivector_llm_kwargs(config: TokenEncoderConfig) -> dict[str, Any]:
 class TokenEmbeddingEngine:
     """A vLLM ``LLM`` with the pooling runner, one vector per token of token-ID texts."""
 
-    def __init__(self, config: TokenEncoderConfig):
+    def __init__(self, config: TokenEncoderConfig, spec: MultiVectorSpec | None = None):
+        """Start the engine (one per model instance).
+
+        Args:
+            config: the step's config (its engine fields; its ``spec`` unless ``spec``).
+            spec: the facts to serve instead of ``config.spec``: another kind's engine
+                (the hybrid encoder) asks for the hidden-state layout of its encoder.
+
+        Raises:
+            EngineError: a legacy KV-cache variable is set, or the engine's vectors do not
+                have the spec's ``dim`` values.
+        """
         from vllm import LLM, PoolingParams
         from vllm.config import PoolerConfig
 
@@ -61,8 +72,8 @@ class TokenEmbeddingEngine:
                 "kv_cache_bytes parameter; unset it and set kv_cache_bytes in the model config"
             )
         self.config = config
-        self.spec = config.spec
-        kwargs = multivector_llm_kwargs(config)
+        self.spec = spec or config.spec
+        kwargs = multivector_llm_kwargs(config) if spec is None else config.llm_kwargs()
         kwargs.setdefault("pooler_config", PoolerConfig(task="token_embed"))
         self._llm = LLM(**kwargs)
         self._params = PoolingParams(use_activation=self.spec.normalize)

@@ -49,6 +49,10 @@ the model's ``max_batch_size``, the most elements one ``execute`` call receives:
 * a multi-vector model's ``token_encoder``: inputs as the sparse encoder's; outputs
   ``B * (4 + 4 * max_length * dim)`` (``TOKEN_EMBEDDINGS``: every text at its full length;
   5.9 MB for 64 texts of 180 tokens of a 128-value ColBERT vector).
+* a hybrid (BGE-M3) model's ``hybrid_encoder``: inputs as the sparse encoder's; outputs
+  ``B * (4 + 4 * dim)`` (``EMBEDDING``), ``B * (4 + 8 * max_length)`` (``SPARSE``: one
+  entry per token ID at most) and ``B * (4 + 4 * (max_length - 1) * colbert_dim)``
+  (``TOKEN_EMBEDDINGS``), every head asked for.
 * any other Python-backend model: no bound is known; it is counted at the backend's
   default region (1 MiB).
 
@@ -287,7 +291,8 @@ def step_size(
         repository: the model repository.
         gpus: GPUs the server sees (for ``KIND_GPU`` counts).
         kind: which of this project's steps it is (``tokenizer``, ``embedder``,
-            ``pair_tokenizer``, ``scorer``, ``sparse_encoder``, ``token_encoder``: its
+            ``pair_tokenizer``, ``scorer``, ``sparse_encoder``, ``token_encoder``,
+            ``hybrid_encoder``: its
             ``1/model.py``
             adapter); None: by the
             shipped names ``tokenizer`` and ``embedder``.
@@ -359,6 +364,20 @@ def step_size(
             # each under its own max_response_bytes).
             "TOKEN_EMBEDDINGS": batch
             * (LENGTH_PREFIX + FLOAT32 * tokens.max_length * tokens.spec.dim),
+        }
+        return StepSize(name, batch, stubs, tensors, tensors["TOKEN_IDS"])
+    if kind == "hybrid_encoder":
+        from triton_embed_server.steps.hybrid_config import HybridEncoderConfig
+
+        hybrid = HybridEncoderConfig.from_model_config(config, repository)
+        rows = hybrid.max_length
+        tensors = {
+            "TOKEN_IDS": batch * (LENGTH_PREFIX + INT32 * rows),
+            "EMBEDDING": batch * (LENGTH_PREFIX + FLOAT32 * hybrid.spec.dim),
+            # At most one entry per token (the weight per token ID).
+            "SPARSE": batch * (LENGTH_PREFIX + (INT32 + FLOAT32) * rows),
+            "TOKEN_EMBEDDINGS": batch
+            * (LENGTH_PREFIX + FLOAT32 * (rows - 1) * hybrid.spec.colbert_dim),
         }
         return StepSize(name, batch, stubs, tensors, tensors["TOKEN_IDS"])
     return StepSize(name, batch, stubs, {}, 0)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from triton_embed_server.models.accuracy import read_gate_record
+from triton_embed_server.models.hybrid_spec import is_hybrid, read_hybrid_spec
 from triton_embed_server.models.model_files import PACKAGE_SCHEME, resolve_model_path
 from triton_embed_server.models.model_spec import quantization_of, read_model_spec
 from triton_embed_server.models.multivector_spec import is_multivector, read_multivector_spec
@@ -33,6 +34,7 @@ from triton_embed_server.models.repository.names import (
 )
 from triton_embed_server.models.repository.remove import removable
 from triton_embed_server.models.repository.render import DEVICES, DTYPES, ModelOptions, render
+from triton_embed_server.models.repository.render_hybrid import render_hybrid
 from triton_embed_server.models.repository.render_multivector import render_multivector
 from triton_embed_server.models.repository.render_reranker import render_reranker
 from triton_embed_server.models.repository.render_sparse import render_sparse
@@ -45,13 +47,14 @@ from triton_embed_server.models.spec import (
     parse_dimension_list,
 )
 from triton_embed_server.steps.config import MIN_MAX_LENGTH, EmbedderConfig
+from triton_embed_server.steps.hybrid_config import HybridEncoderConfig
 from triton_embed_server.steps.multivector_config import TokenEncoderConfig
 from triton_embed_server.steps.rerank_config import ScorerConfig
 from triton_embed_server.steps.sparse_config import SparseEncoderConfig
 from triton_embed_server.steps.vectors import Pooling
 
 #: The model kinds ``repository add --kind`` takes.
-KINDS = ("embedding", "reranker", "sparse", "multivector")
+KINDS = ("embedding", "reranker", "sparse", "multivector", "hybrid")
 #: ``check(folder, spec, dtype, max_length)``: raises ``ValueError`` to refuse a precision.
 AccuracyCheck = Callable[[Path, ModelSpec, str, int], None]
 
@@ -176,7 +179,11 @@ _EMBEDDING_ONLY = {
 
 
 def _kind(options: ModelOptions, folder: Path) -> str:
-    """``embedding``, ``reranker``, ``sparse`` or ``multivector``: ``--kind``, else the folder's.
+    """The model kind (:data:`KINDS`): ``--kind``, else the folder's.
+
+    A BGE-M3 folder (both head files, :func:`~triton_embed_server.models.hybrid_spec.
+    is_hybrid`) is ``hybrid`` unless ``--kind`` names ``embedding`` or ``multivector`` (its
+    CLS vectors or hidden states alone).
 
     Raises:
         RepositoryError: an unknown ``--kind``, a cross-encoder, a sparse or a ColBERT model
@@ -184,6 +191,8 @@ def _kind(options: ModelOptions, folder: Path) -> str:
     """
     if options.kind not in ("", *KINDS):
         raise RepositoryError(f"--kind {options.kind!r} is not one of {', '.join(KINDS)}")
+    if options.kind == "hybrid" or (options.kind == "" and is_hybrid(folder)):
+        return "hybrid"
     try:
         cross_encoder = is_cross_encoder(folder)
         colbert = not cross_encoder and is_multivector(folder)
@@ -280,6 +289,8 @@ _KINDS = {
         render_multivector,
         TokenEncoderConfig,
     ),
+    "hybrid": (("hybrid model", "docs/sparse.md"), read_hybrid_spec, render_hybrid,
+               HybridEncoderConfig),
 }  # fmt: skip
 
 
@@ -291,7 +302,7 @@ def _add_kind(
     folder: Path,
     replace: bool,
 ) -> list[Path]:
-    """Write the three models of a reranker, a sparse or a multi-vector model.
+    """Write the three models of a reranker, a sparse, a multi-vector or a hybrid model.
 
     Raises:
         RepositoryError: an embedding-only flag, a reduced precision on ``cpu`` (gated for

@@ -38,7 +38,7 @@ actions and their flags:
           [--max-length N] [--pooling mean|cls|lasttoken] [--normalize | --no-normalize]
           [--dimensions any|LIST] [--max-chunks N] [--served-model-name NAME] [--replace]
           [--dtype float32|bfloat16|float16] [--accept-accuracy]
-          [--kind embedding|reranker|sparse|multivector]
+          [--kind embedding|reranker|sparse|multivector|hybrid]
           write the ensemble NAME and its steps NAME_tokenizer and NAME_embedder (the
           ensemble embed keeps the steps tokenizer and embedder) from the model folder PATH;
           a reranker (a cross-encoder folder, or a causal LM with --kind reranker) gets the
@@ -46,7 +46,8 @@ actions and their flags:
           SparseEncoder folder or *ForMaskedLM checkpoint) NAME_tokenizer and
           NAME_sparse_encoder (docs/sparse.md); a multi-vector model (a ColBERT folder, or
           any embedding folder with --kind multivector) NAME_tokenizer and
-          NAME_token_encoder (docs/sparse.md)
+          NAME_token_encoder (docs/sparse.md); a hybrid model (BGE-M3: colbert_linear.pt
+          and sparse_linear.pt next to the encoder) NAME_tokenizer and NAME_hybrid_encoder
   list    --repository DIR [--json]
           the embedding, reranker, sparse and multi-vector models of the repository and what their
           folders say
@@ -166,7 +167,8 @@ def add_repository_args(r: argparse.ArgumentParser) -> None:
         choices=KINDS,
         help="add: what the model is (default: a *ForSequenceClassification folder is a "
         "reranker, a SPLADE folder (SpladePooling, or *ForMaskedLM) a sparse model, a ColBERT "
-        "folder (HF_ColBERT, or PyLate's Dense) a multi-vector model, anything else an "
+        "folder (HF_ColBERT, or PyLate's Dense) a multi-vector model, a BGE-M3 folder "
+        "(colbert_linear.pt, sparse_linear.pt) a hybrid model, anything else an "
         "embedding model); reranker on a causal LM of the Qwen3-Reranker kind serves it as a "
         "decoder reranker; multivector on an embedding model serves its token embeddings",
     )

@@ -22,6 +22,7 @@ KIND_STEPS = {
     "reranker": ("pair_tokenizer", "scorer"),
     "sparse": ("tokenizer", "sparse_encoder"),
     "multivector": ("tokenizer", "token_encoder"),
+    "hybrid": ("tokenizer", "hybrid_encoder"),
 }
 
 #: Prefix of the temporary folders that ``add`` and ``remove`` make inside a repository.
@@ -29,7 +30,7 @@ TEMP_PREFIX = ".triton-embed-"
 # The line of a step's model.py that makes it one of ours, and which step it is.
 _ADAPTER_IMPORT = re.compile(
     r"^from triton_embed_server\.steps\.adapters\."
-    r"(tokenizer|embedder|pair_tokenizer|scorer|sparse_encoder|token_encoder) "
+    r"(tokenizer|embedder|pair_tokenizer|scorer|sparse_encoder|token_encoder|hybrid_encoder) "
     r"import TritonPythonModel\b",
     re.M,
 )
@@ -74,7 +75,8 @@ def our_steps(repository: Path, name: str, steps: list[str]) -> tuple[str, str, 
 
     ``kind`` is ``embedding`` (a tokenizer and an embedder), ``reranker`` (a pair tokenizer
     and a scorer), ``sparse`` (a tokenizer and a sparse encoder) or ``multivector`` (a
-    tokenizer and a token encoder), :data:`KIND_STEPS`.
+    tokenizer and a token encoder) or ``hybrid`` (a tokenizer and a hybrid encoder),
+    :data:`KIND_STEPS`.
 
     Raises:
         RepositoryError: the steps are not the two steps of one kind of this project.
@@ -86,6 +88,6 @@ def our_steps(repository: Path, name: str, steps: list[str]) -> tuple[str, str, 
     raise RepositoryError(
         f"{repository / name} is not a model of triton-embed: its steps "
         f"({', '.join(steps) or 'none'}) are not a tokenizer and an embedder (or a pair "
-        "tokenizer and a scorer, a tokenizer and a sparse or token encoder) whose 1/model.py "
-        "imports triton_embed_server.steps.adapters"
+        "tokenizer and a scorer, a tokenizer and a sparse, token or hybrid encoder) whose "
+        "1/model.py imports triton_embed_server.steps.adapters"
     )

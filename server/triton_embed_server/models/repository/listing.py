@@ -21,6 +21,7 @@ from triton_embed_server.models.repository.layout import KIND_STEPS, ensembles, 
 from triton_embed_server.models.repository.names import RepositoryError, step_names
 from triton_embed_server.models.spec import SpecParameters
 from triton_embed_server.steps.config import EmbedderConfig, model_parameters
+from triton_embed_server.steps.hybrid_config import HybridEncoderConfig
 from triton_embed_server.steps.multivector_config import TokenEncoderConfig
 from triton_embed_server.steps.rerank_config import ScorerConfig
 from triton_embed_server.steps.sparse_config import SparseEncoderConfig
@@ -33,7 +34,7 @@ class ListedModel:
     Attributes:
         name: the ensemble.
         steps: its step models, tokenizer first when known.
-        kind: ``embedding``, ``reranker``, ``sparse`` or ``multivector``.
+        kind: ``embedding``, ``reranker``, ``sparse``, ``multivector`` or ``hybrid``.
         model_path: the ``model_path`` parameter as written (``None`` when unreadable).
         device: ``cpu`` or ``gpu``: the kind of the embedder's ``instance_group``.
         instances: embedder instances (per GPU on ``gpu``).
@@ -135,13 +136,14 @@ def _describe(repository: Path, name: str, kind: str, tokenizer: str, embedder: 
             max_length=config.max_length,
             spec=spec.parameters(),
         )
-    if kind == "multivector":
+    if kind in ("multivector", "hybrid"):
+        config_class = TokenEncoderConfig if kind == "multivector" else HybridEncoderConfig
         try:
             folder = resolve_model_path(params.get("model_path", ""), repository)
-            config = TokenEncoderConfig.from_model_config(emb, repository)
+            config = config_class.from_model_config(emb, repository)
         except (OSError, ValueError) as exc:
             return _with(listed, error=str(exc))
-        assert config.spec is not None  # noqa: S101 - TokenEncoderConfig always reads it
+        assert config.spec is not None  # noqa: S101 - both configs always read it
         return _with(
             listed,
             quantization=quantization_of(folder),
@@ -218,6 +220,13 @@ def format_table(models: list[ListedModel]) -> str:
             layout = f"tokens {s['multivector_layout']}"
             rows.append(
                 (*common, s["dim"], layout, "-", "-", str(m.max_length), "query,document", steps)
+                + (str(m.model_path),)
+            )
+            continue
+        if m.kind == "hybrid":
+            heads = f"dense,sparse,colbert {s['colbert_dim']}"
+            rows.append(
+                (*common, s["dim"], heads, "true", "-", str(m.max_length), "-", steps)
                 + (str(m.model_path),)
             )
             continue

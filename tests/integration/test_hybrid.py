@@ -1,0 +1,261 @@
+"""Hybrid (BGE-M3) models on a real tritonserver: three heads against FlagEmbedding, errors, APIs.
+
+One tritonserver (module scope) serves two models written by ``triton-embed repository add``
+(the CLI, as a user runs it) from a seeded BGE-M3-style folder built at test time
+(``tests/bgem3_factory.py``: an ``XLMRobertaModel`` with a Unigram tokenizer, and
+``colbert_linear.pt`` / ``sparse_linear.pt``):
+
+* ``m3``: the folder as the hybrid kind (recognised by its head files);
+* ``m3small``: the same, its ColBERT response cap lowered to two full-length texts
+  (``max_response_bytes``).
+
+Reference: FlagEmbedding's arithmetic with ``transformers`` on the same weights and texts
+(:func:`tests.bgem3_factory.bge_m3_reference`); dense, sparse weights and ColBERT values
+within ``rtol`` 1e-4 + ``atol`` 1e-5 (float32 on CPU on both sides;
+``tests/unit/test_hybrid_engine.py`` says why), the same sparse non-zero set. One request
+asking for all three, one request per head, the sparse cuts, per-request errors.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from triton_embed import codec
+from triton_embed_server.models.repository.copies import set_parameter
+from triton_embed_server.run.launcher import TritonServer
+from tritonclient.utils import InferenceServerException
+
+from tests.bgem3_factory import BGE_M3_MAX_LENGTH, COLBERT_DIM, bge_m3_reference, make_bge_m3
+from tests.helpers import CLI, running, text_input
+from tests.model_factory import HIDDEN_SIZE, fortune_texts
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+RTOL = 1e-4
+ATOL = 1e-5
+#: ``m3small``'s cap: two texts of 127 ColBERT rows of 128 values (4 bytes each).
+SMALL_CAP = 2 * 4 * (BGE_M3_MAX_LENGTH - 1) * COLBERT_DIM
+OUTPUT_NAMES = ("EMBEDDING", "SPARSE", "TOKEN_EMBEDDINGS", "NUM_TOKENS")
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return make_bge_m3(tmp_path_factory.mktemp("bge-m3") / "bge-m3")
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory, folder):
+    repo = tmp_path_factory.mktemp("hybrid-repo") / "model_repository"
+    for name in ("m3", "m3small"):
+        cli("repository", "add", "--repository", str(repo), "--model", str(folder),
+            "--name", name, "--instances", "1")  # fmt: skip
+    for path in (repo / "m3small_hybrid_encoder" / "config.pbtxt", repo / "m3small" /
+                 "config.pbtxt"):  # fmt: skip
+        path.write_text(set_parameter(path.read_text(), "max_response_bytes", str(SMALL_CAP)))
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(repository):
+    with running(TritonServer(model_repository=repository), "hybrid tritonserver") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    yield c
+    c.close()
+
+
+def sample_texts():
+    return [
+        *fortune_texts(6, seed=91),
+        " ".join(fortune_texts(12, seed=92)),  # over the 128-token budget: truncated
+        "Grüße aus Köln — 東京? naïve café, señor",  # <unk> pieces, left out of sparse
+    ]
+
+
+def infer(client, texts, model="m3", **parameters):
+    """``{output: per-text elements}`` and ``NUM_TOKENS`` of one request."""
+    outputs = [grpcclient.InferRequestedOutput(n) for n in OUTPUT_NAMES]
+    result = client.infer(
+        model, [text_input(texts)], outputs=outputs, parameters=parameters or None
+    )
+    got = {n: list(result.as_numpy(n).reshape(-1)) for n in OUTPUT_NAMES[:3]}
+    return got, result.as_numpy("NUM_TOKENS").reshape(-1)
+
+
+def check_dense(elements, want):
+    got = codec.decode_embeddings(elements, HIDDEN_SIZE)
+    assert got.dtype == np.float32 and got.shape == want.dense.shape
+    np.testing.assert_allclose(got, want.dense, rtol=RTOL, atol=ATOL)
+
+
+def check_sparse(elements, want, top_k=None, threshold=0.0):
+    for element, weights in zip(elements, want.sparse, strict=True):
+        indices, values = codec.decode_sparse(element)
+        kept = sorted(i for i in weights if weights[i] > threshold)
+        if top_k is not None:
+            kept = sorted(sorted(kept, key=lambda i: (-weights[i], i))[:top_k])
+        assert indices.tolist() == kept, "the same non-zero set"
+        np.testing.assert_allclose(values, [weights[i] for i in kept], rtol=RTOL, atol=ATOL)
+
+
+def check_colbert(elements, counts, want):
+    got = codec.decode_token_matrices(elements, [int(c) - 1 for c in counts])
+    for g, w in zip(got, want.colbert, strict=True):
+        assert g.dtype == np.float32 and g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL)
+
+
+def test_one_request_answers_all_three_heads(client, folder):
+    texts = sample_texts()
+    want = bge_m3_reference(folder, texts)
+    got, counts = infer(client, texts)
+    assert counts.tolist() == [len(i) for i in want.token_ids]
+    assert max(counts) == BGE_M3_MAX_LENGTH and any(3 in i for i in want.token_ids)
+    check_dense(got["EMBEDDING"], want)
+    check_sparse(got["SPARSE"], want)
+    check_colbert(got["TOKEN_EMBEDDINGS"], counts, want)
+    same, _ = infer(client, texts, outputs="dense,sparse,colbert")
+    assert same == got
+
+
+@pytest.mark.parametrize(
+    ("head", "tensor"),
+    [("dense", "EMBEDDING"), ("sparse", "SPARSE"), ("colbert", "TOKEN_EMBEDDINGS")],
+)
+def test_a_request_for_one_head_gets_it_alone(client, folder, head, tensor):
+    texts = sample_texts()
+    want = bge_m3_reference(folder, texts)
+    got, counts = infer(client, texts, outputs=head.upper())
+    for name, elements in got.items():
+        if name != tensor:
+            assert [bytes(e) for e in elements] == [b""] * len(texts), name
+    {"dense": lambda: check_dense(got[tensor], want),
+     "sparse": lambda: check_sparse(got[tensor], want),
+     "colbert": lambda: check_colbert(got[tensor], counts, want)}[head]()  # fmt: skip
+
+
+def test_top_k_and_threshold_cut_the_sparse_output(client, folder):
+    texts = sample_texts()
+    want = bge_m3_reference(folder, texts)
+    got, _ = infer(client, texts, outputs="sparse", top_k=5, threshold=0.5)
+    check_sparse(got["SPARSE"], want, top_k=5, threshold=0.5)
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        ({"outputs": "dense,lexical"}, "request parameter outputs='dense,lexical' must be a "
+         "comma-separated list of dense, sparse, colbert ('lexical' is not one)"),
+        ({"outputs": ""}, "request parameter outputs='' must be a comma-separated list"),
+        ({"top_k": 0}, "top_k"),
+        ({"threshold": -1}, "threshold"),
+        ({"truncation": "CHUNK"}, "is not offered for hybrid models"),
+        ({"normalize": "false"}, "request parameter 'normalize' is not an option"),
+    ],
+)  # fmt: skip
+def test_bad_options_fail_their_request_alone(client, parameters, message):
+    with pytest.raises(InferenceServerException) as err:
+        infer(client, ["a text"], **parameters)
+    assert message in err.value.message()
+    assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
+    got, _ = infer(client, ["a text"], outputs="dense")
+    assert len(got["EMBEDDING"][0]) == 4 * HIDDEN_SIZE
+
+
+def test_the_colbert_cap_fails_its_request_alone(client, folder):
+    long = [" ".join(fortune_texts(12, seed=93 + i)) for i in range(3)]  # 3 x 128 tokens
+    with pytest.raises(InferenceServerException) as err:
+        infer(client, long, model="m3small")
+    assert f"over the cap of {SMALL_CAP} bytes per response" in err.value.message()
+    assert "come to 381 ColBERT rows" in err.value.message()
+    assert "(4 x 381 ColBERT rows x 128 values)" in err.value.message()
+    got, _ = infer(client, long, model="m3small", outputs="dense,sparse")  # no ColBERT: no cap
+    want = bge_m3_reference(folder, long)
+    check_dense(got["EMBEDDING"], want)
+    check_sparse(got["SPARSE"], want)
+    assert client.is_server_ready()
+
+
+def test_the_client_library_serves_each_head_by_name(server, folder):
+    from triton_embed import EmbeddingClient
+
+    texts = sample_texts() * 9  # 72 texts: more than one request of the ensemble's 64
+    want = bge_m3_reference(folder, texts)
+    with EmbeddingClient(server.grpc_url, admin_key=server.admin_key, model="m3") as c:
+        dense = c.embed_with_details(texts)
+        sparse = c.embed_sparse(texts, top_k=5)
+        tokens = c.embed_tokens(texts[:8], model="m3small")  # pieces within its cap
+    np.testing.assert_allclose(dense.embeddings, want.dense, rtol=RTOL, atol=ATOL)
+    assert dense.num_tokens.tolist() == [len(i) for i in want.token_ids]
+    check_sparse(codec.encode_sparse(sparse.indices, sparse.weights), want, top_k=5)
+    for g, w in zip(tokens, want.colbert[:8], strict=True):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL)
+
+
+API_KEY = "hybrid-gateway-key-41c9"
+
+
+@pytest.fixture(scope="module")
+def gateway(server):
+    from triton_embed_server.run.launcher import Gateway
+
+    with Gateway([server.grpc_url], server.admin_key, api_key=API_KEY, model="m3") as gw:
+        yield gw
+
+
+def post(gateway, route, body):
+    import requests
+
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    return requests.post(f"{gateway.base_url}{route}", json=body, headers=headers, timeout=60)
+
+
+def test_the_gateway_serves_dense_sparse_and_token_routes(gateway, folder):
+    texts = sample_texts()
+    want = bge_m3_reference(folder, texts)
+    r = post(gateway, "/v1/embeddings", {"input": texts, "model": "m3"})
+    assert r.status_code == 200, r.text
+    got = np.array([d["embedding"] for d in r.json()["data"]], np.float32)
+    np.testing.assert_allclose(got, want.dense, rtol=RTOL, atol=ATOL)
+    tei = {"model": "m3", "truncate": True}  # TEI refuses an over-long text by default
+    r = post(gateway, "/embed_sparse", {"inputs": texts, **tei, "threshold": 0.5})
+    assert r.status_code == 200, r.text
+    for row, weights in zip(r.json(), want.sparse, strict=True):
+        kept = sorted(i for i in weights if weights[i] > 0.5)
+        assert [e["index"] for e in row] == kept
+        np.testing.assert_allclose([e["value"] for e in row], [weights[i] for i in kept],
+                                   rtol=RTOL, atol=ATOL)  # fmt: skip
+    r = post(gateway, "/embed_all", {"inputs": texts[:4], **tei})
+    assert r.status_code == 200, r.text
+    for g, w in zip(r.json(), want.colbert[:4], strict=True):
+        np.testing.assert_allclose(np.array(g, np.float32), w, rtol=RTOL, atol=ATOL)
+
+
+def test_the_gateway_refuses_what_a_hybrid_model_does_not_do(gateway):
+    import requests
+
+    r = post(gateway, "/v1/embeddings", {"input": ["x"], "model": "m3", "dimensions": 64})
+    assert r.status_code == 400, r.text
+    assert "dimensions" in r.json()["error"]["message"]
+    assert "not offered for hybrid models" in r.json()["error"]["message"]
+    r = post(gateway, "/v2/rerank", {"model": "m3", "query": "q", "documents": ["a", "b"]})
+    assert r.status_code == 400, r.text  # Cohere's envelope: {"message": ...}
+    assert "is a hybrid model (BGE-M3), not a reranker" in r.json()["message"]
+    assert "POST /v1/embeddings, /embed_sparse and /embed_all" in r.json()["message"]
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    models = requests.get(f"{gateway.base_url}/v1/models", headers=headers, timeout=60).json()
+    assert {m["id"]: m["kind"] for m in models["data"]}["m3"] == "hybrid"

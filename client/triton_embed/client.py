@@ -59,12 +59,8 @@ from triton_embed.transport.calls import (
     send_texts,
     trace_argument,
 )
-from triton_embed.transport.catalog import (
-    ModelKind,
-    kind_of_config,
-    preferred_pairs,
-    texts_within_cap,
-)
+from triton_embed.transport.catalog import ModelKind, kind_of_config
+from triton_embed.transport.request_sizes import texts_per_request
 from triton_embed.transport.tracing import TraceContext
 
 __all__ = [
@@ -309,19 +305,13 @@ class EmbeddingClient(ChannelOwner, Reranking, SparseEmbedding, TokenEmbedding):
                 ) from None
             raise error from None
         self._kinds[model] = kind_of_config(config)
-        most = int(config.get("max_batch_size", 0)) or 1
-        if self._kinds[model] is ModelKind.RERANKER:  # pieces of the scorer's preferred batch
-            steps = (config.get("ensemble_scheduling") or {}).get("step") or []
-            try:
-                scorer = self._client.get_model_config(
-                    steps[-1]["model_name"], as_json=True, headers=self._admin_headers()
-                )["config"]
-            except Exception:  # noqa: BLE001 - the ensemble's max_batch_size then
-                return most
-            return min(most, preferred_pairs(scorer) or most)
-        if self._kinds[model] in (ModelKind.MULTIVECTOR, ModelKind.HYBRID):  # within the cap
-            return texts_within_cap(config, most)
-        return most
+        return texts_per_request(
+            config,
+            self._kinds[model],
+            lambda step: self._client.get_model_config(
+                step, as_json=True, headers=self._admin_headers()
+            )["config"],
+        )
 
     def _check_kind(self, model: str, wanted: ModelKind) -> bool:
         """Refuse a call to a model of the other kind, when its config was read.

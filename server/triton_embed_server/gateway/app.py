@@ -95,7 +95,7 @@ log = logging.getLogger("triton_embed.gateway")
 #: The tenant of the request the current task serves (``None``: none identified yet, or a
 #: public route); what a model-not-found message may list depends on it.
 REQUEST_TENANT: contextvars.ContextVar[Tenant | None] = contextvars.ContextVar(
-    "triton_embed_request_tenant", default=None
+    "gateway_request_tenant", default=None
 )
 
 Handler = Callable[["Gateway", Request, "RequestState"], Awaitable[Response]]

@@ -267,6 +267,8 @@ def test_list_shows_the_multivector_kind_and_remove_deletes_its_three_models(tmp
     row = next(line for line in table if line.startswith("colbert "))
     assert row.split()[:9] == ["colbert", "multivector", "cpu", "float32", "none", "1",
                                str(COLBERT_DIM), "tokens", "stanford"]  # fmt: skip
+    skipped = len(reference_skiplist(built["stanford"]))  # the document rows it leaves out
+    assert row.split()[9] == f"skip={skipped}" and listed["tokens"].spec["skiplist"] == ""
     removed = gen.remove_model(repo, "colbert")
     assert sorted(p.name for p in removed) == [
         "colbert",

@@ -22,7 +22,12 @@ plain JSON, the files those libraries save, and compute the reference as the lib
   mask token);
 * :func:`reference_vectors`: ``transformers``' last hidden states of those IDs (every
   position attended), times the projection, L2-normalized per token; without a projection,
-  the hidden states as they are (TEI's ``/embed_all``).
+  the hidden states as they are (TEI's ``/embed_all``); a document's rows of
+  :func:`reference_skiplist` tokens left out;
+* :func:`reference_skiplist`: the punctuation token IDs each reference drops from a document
+  (Stanford's ``ColBERT.skiplist`` when ``mask_punctuation``: each ``string.punctuation``
+  character's first ID of ``encode(char, add_special_tokens=False)``; PyLate's
+  ``skiplist_words`` through ``convert_tokens_to_ids``).
 
 Shapes: hidden 128, 2 heads of 64, 2 layers (:mod:`tests.model_factory`), ColBERT dim 32.
 """
@@ -30,6 +35,7 @@ Shapes: hidden 128, 2 heads of 64, 2 layers (:mod:`tests.model_factory`), ColBER
 from __future__ import annotations
 
 import json
+import string
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -92,9 +98,14 @@ def _bert(path: Path, seed: int, added: Sequence[str], pooler: bool):
 
 
 def make_stanford_colbert(
-    path: str | Path, *, seed: int = 0, attend_to_mask_tokens: bool = True
+    path: str | Path,
+    *,
+    seed: int = 0,
+    attend_to_mask_tokens: bool = True,
+    mask_punctuation: bool | None = None,
 ) -> Path:
-    """A Stanford ``HF_ColBERT`` checkpoint (module docstring)."""
+    """A Stanford ``HF_ColBERT`` checkpoint (module docstring); ``mask_punctuation`` stated
+    in ``artifact.metadata`` unless ``None`` (``ColBERTConfig``'s default, true)."""
     from safetensors.torch import save_file
 
     path = Path(path)
@@ -116,6 +127,7 @@ def make_stanford_colbert(
             "dim": COLBERT_DIM,
             "attend_to_mask_tokens": attend_to_mask_tokens,
             "similarity": "cosine",
+            **({} if mask_punctuation is None else {"mask_punctuation": mask_punctuation}),
         },
     )
     return path
@@ -211,11 +223,33 @@ def reference_ids(path: Path, texts: Sequence[str], side: str) -> list[list[int]
     return [tok(t, truncation=True, max_length=max_length)["input_ids"] for t in texts]
 
 
-def reference_vectors(path: Path, token_ids: Sequence[Sequence[int]]) -> list[np.ndarray]:
-    """Per text float32 ``[tokens, dim]``: the reference vectors of those IDs.
+def reference_skiplist(path: Path) -> set[int]:
+    """The token IDs whose rows the folder's reference drops from a document (docstring)."""
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    tok = AutoTokenizer.from_pretrained(str(path))
+    if (path / "artifact.metadata").is_file():  # Stanford's ColBERT.__init__
+        meta = json.loads((path / "artifact.metadata").read_text())
+        if not meta.get("mask_punctuation", True):
+            return set()
+        return {tok.encode(c, add_special_tokens=False)[0] for c in string.punctuation}
+    st = path / "config_sentence_transformers.json"
+    if st.is_file() and "query_prefix" in json.loads(st.read_text()):  # PyLate's ColBERT
+        words = json.loads(st.read_text()).get("skiplist_words", list(string.punctuation))
+        return {tok.convert_tokens_to_ids(w) for w in words}
+    return set()
+
+
+def reference_vectors(
+    path: Path, token_ids: Sequence[Sequence[int]], sides: Sequence[str] | None = None
+) -> list[np.ndarray]:
+    """Per text float32 ``[rows, dim]``: the reference vectors of those IDs.
 
     ``transformers``' last hidden states (every token attended), projected by the ColBERT
-    projection and L2-normalized per token; a folder without one: the hidden states.
+    projection and L2-normalized per token; a folder without one: the hidden states. A text
+    whose ``sides`` entry is ``document`` (``None``: none is) loses the rows of its
+    :func:`reference_skiplist` tokens, as the reference's document encoder drops them.
     """
     import torch
     from safetensors.torch import load_file
@@ -235,11 +269,14 @@ def reference_vectors(path: Path, token_ids: Sequence[Sequence[int]]) -> list[np
         if dense.is_file():
             projection = load_file(str(dense))["linear.weight"]
     model.eval()
+    skip = reference_skiplist(path)
     out = []
     with torch.no_grad():
-        for ids in token_ids:
+        for i, ids in enumerate(token_ids):
             hidden = model(input_ids=torch.tensor([list(ids)])).last_hidden_state[0]
             if projection is not None:
                 hidden = torch.nn.functional.normalize(hidden @ projection.T, dim=-1)
+            if sides is not None and sides[i] == "document":
+                hidden = hidden[[t not in skip for t in ids]]
             out.append(hidden.float().numpy())
     return out

@@ -59,8 +59,9 @@ class TokenEmbedding(ClientPart):
 
         Returns:
             Per text float32 ``[tokens, dim]``, in input order (``tokens``: the text's
-            ``NUM_TOKENS``, special tokens, marker and mask tokens included; a hybrid
-            model's ColBERT vectors leave the CLS token out: ``NUM_TOKENS - 1`` rows).
+            ``NUM_TOKENS``, special tokens, marker and mask tokens included, a ColBERT
+            document's punctuation rows left out; a hybrid model's ColBERT vectors leave the
+            CLS token out: ``NUM_TOKENS - 1`` rows).
 
         Raises:
             InvalidInputError: an option outside its values, a text refused (``error.index``

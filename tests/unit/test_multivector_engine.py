@@ -6,6 +6,9 @@ vLLM engine built from the token encoder's config, as the step runs it; each tex
 ``[tokens, dim]`` matrix is compared with ``transformers``' last hidden states of the same
 IDs, projected by the ColBERT projection and L2-normalized per token (Stanford's
 ``HF_ColBERT`` and PyLate's layout), or as they are (hidden states, ``--kind multivector``).
+A document's rows of punctuation tokens are left out as each reference leaves them out
+(``reference_skiplist``: Stanford's ``mask_punctuation``, PyLate's ``skiplist_words``); a
+query keeps every row, and the hidden states skip none.
 
 Tolerance: ``rtol`` 1e-4 and ``atol`` 1e-5 per value. Both run float32 on CPU and differ only
 in the order of floating-point sums inside the encoder (other kernels, other batch shapes);
@@ -29,6 +32,7 @@ from tests.colbert_factory import (
     COLBERT_DIM,
     make_pylate_colbert,
     make_stanford_colbert,
+    reference_skiplist,
     reference_vectors,
 )
 from tests.model_factory import HIDDEN_SIZE, fortune_texts, make_mean_encoder
@@ -51,6 +55,7 @@ def texts():
         *fortune_texts(4, seed=71),
         " ".join(fortune_texts(12, seed=72)),  # truncated
         "Grüße aus Köln — 東京? naïve café",
+        "?!... ;-)",  # punctuation only: a document keeps [CLS], its marker and [SEP]
     ]
 
 
@@ -70,23 +75,31 @@ def test_token_vectors_are_the_references(tmp_path, vllm_env, which):
     tok_config = read_config_pbtxt(repo / "m_tokenizer" / "config.pbtxt")
     tokenizer = TextTokenizer(TokenizerConfig.from_model_config(tok_config, repo))
     sample = [t.encode() for t in texts()]
-    ids = []
+    ids, sides = [], []
     for side in ("query", "document"):
         opts = MultiVectorOptions(input_type=side).text_options()
         (result,) = tokenizer.tokenize_requests([TextRequest(sample, opts)])
         ids += result.token_ids
+        sides += [side] * len(result.token_ids)
     engine_config = read_config_pbtxt(repo / "m_token_encoder" / "config.pbtxt")
     engine_config["parameters"]["numa_placement"] = {"string_value": "off"}
     engine = TokenEmbeddingEngine(TokenEncoderConfig.from_model_config(engine_config, repo))
     try:
-        got = engine.embed(ids)
+        got = engine.embed(ids, sides)
     finally:
         engine.close()
         del engine
-    want = reference_vectors(folder, ids)
+    want = reference_vectors(folder, ids, sides)
+    skip = reference_skiplist(folder)
+    assert bool(skip) == (which != "dense")
     dim = HIDDEN_SIZE if which == "dense" else COLBERT_DIM
-    for text_ids, g, w in zip(ids, got, want, strict=True):
-        assert g.dtype == np.float32 and g.shape == (len(text_ids), dim) == w.shape
+    dropped = 0
+    for text_ids, side, g, w in zip(ids, sides, got, want, strict=True):
+        kept = len(text_ids) if side == "query" else sum(t not in skip for t in text_ids)
+        dropped += len(text_ids) - kept
+        assert g.dtype == np.float32 and g.shape == (kept, dim) == w.shape
         np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL)
         if which != "dense":
             np.testing.assert_allclose(np.linalg.norm(g, axis=1), 1.0, rtol=1e-5)
+    if which != "dense":  # the punctuation-only document keeps [CLS], its marker and [SEP]
+        assert dropped > 0 and got[-1].shape[0] == 3, got[-1].shape

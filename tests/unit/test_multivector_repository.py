@@ -43,6 +43,7 @@ from tests.colbert_factory import (
     make_pylate_colbert,
     make_stanford_colbert,
     reference_ids,
+    reference_skiplist,
 )
 from tests.model_factory import HIDDEN_SIZE, fortune_texts, make_mean_encoder
 
@@ -113,6 +114,51 @@ def test_a_stanford_checkpoint_without_metadata_takes_colbertconfigs_defaults(bu
     (folder / "artifact.metadata").unlink()
     spec = read_multivector_spec(folder)
     assert (spec.query_length, spec.max_length, spec.attend_expansion) == (32, 220, False)
+
+
+@pytest.mark.parametrize(
+    ("which", "edit"),
+    [
+        ("stanford", None),  # mask_punctuation absent: ColBERTConfig's default, true
+        ("stanford", {"mask_punctuation": True}),
+        ("stanford", {"mask_punctuation": False}),
+        ("pylate", None),
+        ("pylate", {"skiplist_words": [".", ",", "no-such-token"]}),  # the last: [UNK]'s ID
+        ("pylate", {"skiplist_words": []}),
+        ("dense", None),
+    ],
+)
+def test_the_skiplist_is_the_token_ids_each_reference_drops(built, tmp_path, which, edit):
+    folder = copy(built, tmp_path, which)
+    if edit:
+        stated = "artifact.metadata" if which == "stanford" else "config_sentence_transformers.json"
+        edit_json(folder / stated, **edit)
+    spec = read_multivector_spec(folder, hidden=which == "dense")
+    assert set(spec.skiplist) == reference_skiplist(folder)
+    assert list(spec.skiplist) == sorted(spec.skiplist)
+    assert bool(spec.skiplist) == (which != "dense" and edit not in (
+        {"mask_punctuation": False}, {"skiplist_words": []}))  # fmt: skip
+    assert spec.parameters()["skiplist"] == ",".join(map(str, spec.skiplist))
+    kept_ids = [i for i in range(100) if i not in spec.skiplist][:3]
+    ids = [kept_ids[0], *spec.skiplist[:2], *kept_ids[1:]]
+    assert spec.kept_rows(ids, "query") is None
+    kept = spec.kept_rows(ids, "document")
+    if spec.skiplist:
+        assert kept.tolist() == [True] + [False] * len(spec.skiplist[:2]) + [True, True]
+    else:
+        assert kept is None
+
+
+def test_a_skiplist_parameter_that_is_no_token_id_list_is_refused_by_name(tmp_path, built):
+    repo = tmp_path / "repo"
+    gen.add_model(repo, ModelOptions(name="colbert", model=str(built["stanford"])))
+    encoder = read_config_pbtxt(repo / "colbert_token_encoder" / "config.pbtxt")
+    assert encoder["parameters"]["skiplist"]["string_value"] == ",".join(
+        map(str, sorted(reference_skiplist(built["stanford"])))
+    )
+    encoder["parameters"]["skiplist"] = {"string_value": "1,x"}
+    with pytest.raises(ValueError, match=r"parameter skiplist='1,x' is not a comma-separated"):
+        TokenEncoderConfig.from_model_config(encoder, repo)
 
 
 @pytest.mark.parametrize(
@@ -221,6 +267,8 @@ def test_list_shows_the_multivector_kind_and_remove_deletes_its_three_models(tmp
     row = next(line for line in table if line.startswith("colbert "))
     assert row.split()[:9] == ["colbert", "multivector", "cpu", "float32", "none", "1",
                                str(COLBERT_DIM), "tokens", "stanford"]  # fmt: skip
+    skipped = len(reference_skiplist(built["stanford"]))  # the document rows it leaves out
+    assert row.split()[9] == f"skip={skipped}" and listed["tokens"].spec["skiplist"] == ""
     removed = gen.remove_model(repo, "colbert")
     assert sorted(p.name for p in removed) == [
         "colbert",

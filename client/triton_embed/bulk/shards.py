@@ -6,7 +6,8 @@ records ``k x shard_rows`` to ``(k + 1) x shard_rows - 1`` of the input, in inpu
 the columns of :func:`schema`:
 
 * ``id``: int64 or string, the record's id (:mod:`triton_embed.bulk.sources`);
-* ``num_tokens``: int32, tokens the model read (special tokens and prompt included);
+* ``num_tokens``: int32, tokens the model read (special tokens and prompt included); for a
+  multi-vector model the rows of ``tokens`` (a ColBERT document's punctuation rows left out);
 * ``embedding`` (an embedding model): a fixed-size list: ``dim`` float32 (``embedding_type``
   float32), ``dim`` float16, or ``ceil(dim / 8)`` uint8 of packed sign bits (ubinary), as the
   server sent them;

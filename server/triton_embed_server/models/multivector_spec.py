@@ -24,16 +24,27 @@ A text's tokens are ``[CLS] marker text [SEP]`` for ColBERT (the marker after th
 tokenizer's leading special tokens, as both references put it at position 1); a query is
 then filled to ``query_length`` with ``[MASK]`` (query augmentation). ColBERT's vectors are
 the projection of each token's last hidden state, L2-normalized per token.
+
+A ColBERT **document** leaves out the rows of punctuation tokens, as both references do
+(:attr:`MultiVectorSpec.skiplist`): Stanford's ``ColBERTConfig.mask_punctuation`` (default
+true; ``artifact.metadata``) skips, for each character of ``string.punctuation``, the first
+token ID of ``tokenizer.encode(char, add_special_tokens=False)``; PyLate's ``skiplist_words``
+(``config_sentence_transformers.json``, default ``string.punctuation``) skips
+``convert_tokens_to_ids(word)`` of each word. Queries keep every row; hidden states skip none.
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import string
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from triton_embed_server.models.model_spec import (
     Need,
@@ -56,6 +67,7 @@ STANFORD_DEFAULTS = {
     "query_token_id": "[unused0]",
     "doc_token_id": "[unused1]",
     "attend_to_mask_tokens": False,
+    "mask_punctuation": True,
 }
 #: PyLate's ``ColBERT`` defaults (``pylate/models/colbert.py``).
 PYLATE_DEFAULTS = {
@@ -65,6 +77,7 @@ PYLATE_DEFAULTS = {
     "document_length": 180,
     "do_query_expansion": True,
     "attend_to_expansion_tokens": False,
+    "skiplist_words": list(string.punctuation),
 }
 #: The request's ``input_type`` values of a multi-vector model.
 INPUT_TYPES = ("query", "document")
@@ -90,6 +103,7 @@ SPEC_KEYS = (
     "document_marker_id",
     "mask_id",
     "attend_expansion",
+    "skiplist",
 )
 
 
@@ -114,6 +128,8 @@ class MultiVectorSpec:
         attend_expansion: the reference attends to the ``[MASK]`` tokens (PyLate's
             ``attend_to_expansion_tokens``, Stanford's ``attend_to_mask_tokens``); vLLM's
             attention always does (docs/sparse.md says what that changes when this is false).
+        skiplist: token IDs whose rows a document's matrix leaves out (the module docstring's
+            punctuation rule), ascending; empty: every row is kept.
     """
 
     layout: Layout
@@ -126,6 +142,7 @@ class MultiVectorSpec:
     document_marker_id: int = -1
     mask_id: int = -1
     attend_expansion: bool = True
+    skiplist: tuple[int, ...] = ()
 
     def parameters(self) -> dict[str, str]:
         """The spec as the steps' config parameters (:data:`SPEC_KEYS`)."""
@@ -140,11 +157,27 @@ class MultiVectorSpec:
             "document_marker_id": str(self.document_marker_id),
             "mask_id": str(self.mask_id),
             "attend_expansion": "true" if self.attend_expansion else "false",
+            "skiplist": ",".join(str(i) for i in self.skiplist),
         }
 
     def marker_id(self, input_type: str) -> int:
         """The marker token of a ``query`` or a ``document`` (-1: none)."""
         return self.query_marker_id if input_type == "query" else self.document_marker_id
+
+    def kept_rows(self, token_ids: Sequence[int], input_type: str) -> np.ndarray | None:
+        """Which rows of a text's ``[tokens, dim]`` matrix are served.
+
+        Args:
+            token_ids: the text's token IDs, as the engine read them.
+            input_type: ``query`` (every row kept) or ``document``.
+
+        Returns:
+            bool ``[tokens]``, false for a document's :attr:`skiplist` tokens; ``None`` when
+            every row is kept (a query, or no skiplist).
+        """
+        if input_type == "query" or not self.skiplist:
+            return None
+        return ~np.isin(np.asarray(token_ids, dtype=np.int64), self.skiplist)
 
     def length(self, input_type: str, max_length: int) -> int:
         """A ``query``'s or ``document``'s token budget (``max_length``: the document's)."""
@@ -230,6 +263,40 @@ def _token_id(path: Path, token: str, what: str) -> int:
     return int(found)
 
 
+def _skiplist(path: Path, words: Any, rule: str) -> tuple[int, ...]:
+    """The token IDs of a ColBERT document's skipped rows (the module docstring's rules).
+
+    Args:
+        path: the model folder (its ``tokenizer.json``).
+        words: the characters or words to skip.
+        rule: ``stanford`` (the first ID of each word encoded without special tokens) or
+            ``pylate`` (the word's vocabulary ID; the unknown token's for a word not in it,
+            as ``convert_tokens_to_ids``).
+
+    Raises:
+        ModelFolderError: ``words`` is not a list of strings (names the file).
+    """
+    from tokenizers import Tokenizer
+
+    if not isinstance(words, (list, tuple, str)) or not all(isinstance(w, str) for w in words):
+        raise ModelFolderError(
+            f"{path / 'config_sentence_transformers.json'}: skiplist_words must be a list of "
+            f"strings, got {words!r}"
+        )
+    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    unk = getattr(tokenizer.model, "unk_token", None)
+    unk_id = tokenizer.token_to_id(unk) if isinstance(unk, str) else None
+    ids = set()
+    for word in words:
+        if rule == "stanford":
+            found = tokenizer.encode(word, add_special_tokens=False).ids[:1]
+        else:
+            found = [tokenizer.token_to_id(word)]
+            found = [unk_id] if found == [None] else found
+        ids.update(i for i in found if i is not None)
+    return tuple(sorted(ids))
+
+
 def _mask_id(path: Path) -> int:
     """The tokenizer's mask token ID (``tokenizer_config.json`` ``mask_token``, else ``[MASK]``)."""
     stated = read_json(path / "tokenizer_config.json", Need.HINT).get("mask_token") or "[MASK]"
@@ -284,6 +351,9 @@ def _stanford(path: Path, config: dict[str, Any]) -> MultiVectorSpec:
         document_marker_id=_token_id(path, str(stated["doc_token_id"]), "doc_token_id"),
         mask_id=_mask_id(path),
         attend_expansion=bool(stated["attend_to_mask_tokens"]),
+        skiplist=(
+            _skiplist(path, string.punctuation, "stanford") if stated["mask_punctuation"] else ()
+        ),
     )
 
 
@@ -343,4 +413,5 @@ def _pylate(
         document_marker_id=_token_id(path, str(stated["document_prefix"]), "document_prefix"),
         mask_id=_mask_id(path) if expand else -1,
         attend_expansion=bool(stated["attend_to_expansion_tokens"]),
+        skiplist=_skiplist(path, stated["skiplist_words"], "pylate"),
     )

@@ -141,6 +141,23 @@ class Params:
             raise ValueError(f"parameter {key}={value!r} is not one of {', '.join(allowed)}")
         return value
 
+    def token_ids(self, key: str) -> tuple[int, ...]:
+        """A comma-separated list of token IDs >= 0, ascending, once each; ``()`` when empty.
+
+        Raises:
+            ValueError: an item that is no whole number >= 0 (names the key).
+        """
+        raw = self._p.get(key, "").strip()
+        try:
+            ids = tuple(sorted({int(x) for x in raw.split(",") if x.strip()}))
+        except ValueError:
+            ids = (-1,)
+        if any(i < 0 for i in ids):
+            raise ValueError(
+                f"parameter {key}={raw!r} is not a comma-separated list of token IDs >= 0"
+            )
+        return ids
+
     def json_object(self, key: str) -> dict[str, Any]:
         """A JSON object; ``{}`` when empty or absent.
 

@@ -30,22 +30,13 @@ def hybrid_spec(p: Params, path: Path) -> HybridSpec:
     """
     if not all(p.str(k, "") for k in SPEC_KEYS if k != "skipped_token_ids"):
         return read_hybrid_spec(path)
-    raw = p.str("skipped_token_ids", "")
-    try:
-        skipped = tuple(sorted({int(x) for x in raw.split(",") if x.strip()}))
-    except ValueError:
-        skipped = (-1,)
-    if any(i < 0 for i in skipped):
-        raise ValueError(
-            f"parameter skipped_token_ids={raw!r} is not a comma-separated list of token IDs >= 0"
-        )
     return HybridSpec(
         architecture=p.str("architecture", ""),
         dim=p.int("dim", 0, minimum=1),
         colbert_dim=p.int("colbert_dim", 0, minimum=1),
         vocab_size=p.int("vocab_size", 0, minimum=1),
         max_length=p.int("model_max_length", 0, minimum=MIN_MAX_LENGTH),
-        skipped_token_ids=skipped,
+        skipped_token_ids=p.token_ids("skipped_token_ids"),
     )
 
 

@@ -47,6 +47,7 @@ def multivector_spec(p: Params, path: Path) -> MultiVectorSpec:
         document_marker_id=_token(p, "document_marker_id"),
         mask_id=_token(p, "mask_id"),
         attend_expansion=p.bool("attend_expansion", True),
+        skiplist=p.token_ids("skiplist"),
     )
 
 

@@ -92,15 +92,22 @@ class TokenEmbeddingEngine:
         """Shut the engine down now (not left to the garbage collector)."""
         self._llm.llm_engine.engine_core.shutdown()
 
-    def embed(self, token_ids: Sequence[Sequence[int]]) -> list[np.ndarray]:
+    def embed(
+        self, token_ids: Sequence[Sequence[int]], input_types: Sequence[str] | None = None
+    ) -> list[np.ndarray]:
         """Token vectors of pre-tokenized texts, in one engine call.
 
         Args:
             token_ids: ``n`` texts' token IDs, already validated.
+            input_types: per text ``query`` or ``document`` (``None``: all documents); a
+                document leaves out the rows of the spec's ``skiplist`` tokens
+                (:meth:`~triton_embed_server.models.multivector_spec.MultiVectorSpec.
+                kept_rows`, ColBERT's punctuation).
 
         Returns:
-            Per text float32 ``[len(token_ids[i]), dim]``: L2-normalized rows for ColBERT,
-            the last hidden states for the hidden-state layout.
+            Per text float32 ``[rows, dim]``: L2-normalized rows for ColBERT, the last hidden
+            states for the hidden-state layout; ``rows`` is ``len(token_ids[i])`` less a
+            document's skipped tokens.
 
         Raises:
             EngineError: the engine failed, or returned a wrong number of texts or rows.
@@ -119,12 +126,15 @@ class TokenEmbeddingEngine:
         if len(outputs) != len(prompts):
             raise EngineError(f"the engine returned {len(outputs)} texts for {len(prompts)}")
         out = []
-        for ids, output in zip(token_ids, outputs, strict=True):
+        sides = input_types if input_types is not None else ["document"] * len(token_ids)
+        for ids, side, output in zip(token_ids, sides, outputs, strict=True):
             matrix = output.outputs.data.to("cpu").float().numpy()
             if matrix.ndim != 2 or matrix.shape[0] != len(ids):
                 raise EngineError(
                     f"the engine returned {matrix.shape} token vectors for a text of "
                     f"{len(ids)} tokens"
                 )
+            kept = self.spec.kept_rows(ids, side)
+            matrix = matrix if kept is None else matrix[kept]
             out.append(np.ascontiguousarray(matrix, dtype=np.float32))
         return out

@@ -48,7 +48,8 @@ the model's ``max_batch_size``, the most elements one ``execute`` call receives:
   30,522-entry BERT vocabulary). Its tokenizer is the ``tokenizer``.
 * a multi-vector model's ``token_encoder``: inputs as the sparse encoder's; outputs
   ``B * (4 + 4 * max_length * dim)`` (``TOKEN_EMBEDDINGS``: every text at its full length;
-  5.9 MB for 64 texts of 180 tokens of a 128-value ColBERT vector).
+  5.9 MB for 64 texts of 180 tokens of a 128-value ColBERT vector) and ``B * 4``
+  (``NUM_TOKENS``, the rows of each matrix).
 * a hybrid (BGE-M3) model's ``hybrid_encoder``: inputs as the sparse encoder's; outputs
   ``B * (4 + 4 * dim)`` (``EMBEDDING``), ``B * (4 + 8 * max_length)`` (``SPARSE``: one
   entry per token ID at most) and ``B * (4 + 4 * (max_length - 1) * colbert_dim)``
@@ -364,6 +365,7 @@ def step_size(
             # each under its own max_response_bytes).
             "TOKEN_EMBEDDINGS": batch
             * (LENGTH_PREFIX + FLOAT32 * tokens.max_length * tokens.spec.dim),
+            "NUM_TOKENS": batch * INT32,  # the rows of each matrix
         }
         return StepSize(name, batch, stubs, tensors, tensors["TOKEN_IDS"])
     if kind == "hybrid_encoder":

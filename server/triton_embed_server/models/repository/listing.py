@@ -217,7 +217,8 @@ def format_table(models: list[ListedModel]) -> str:
             )
             continue
         if m.kind == "multivector":
-            layout = f"tokens {s['multivector_layout']}"
+            skipped = len([i for i in s.get("skiplist", "").split(",") if i])
+            layout = f"tokens {s['multivector_layout']}" + f" skip={skipped}" * bool(skipped)
             rows.append(
                 (*common, s["dim"], layout, "-", "-", str(m.max_length), "query,document", steps)
                 + (str(m.model_path),)

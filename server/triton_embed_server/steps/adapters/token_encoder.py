@@ -3,16 +3,19 @@
 Each model instance (an ``instance_group`` copy, its own stub process) owns one in-process
 vLLM pooling engine (:class:`~triton_embed_server.steps.vllm_multivector.TokenEmbeddingEngine`).
 All texts of all requests of an ``execute`` call go to the engine in one call; each text's
-``[tokens, dim]`` float32 matrix is one ``TOKEN_EMBEDDINGS`` element
-(:func:`triton_embed.codec.encode_token_matrices`). A request with bad token IDs or options,
-over the step's token budget or over the response cap (``max_response_bytes``: ``4 x tokens
-x dim`` over its texts) fails alone, before any engine work; a request cancelled by its
-client before the engine call is answered ``CANCELLED``
+``[rows, dim]`` float32 matrix is one ``TOKEN_EMBEDDINGS`` element
+(:func:`triton_embed.codec.encode_token_matrices`) and its row count the text's
+``NUM_TOKENS``: the tokens read, less a document's skipped punctuation rows
+(:meth:`~triton_embed_server.models.multivector_spec.MultiVectorSpec.kept_rows`). A request
+with bad token IDs or options, over the step's token budget or over the response cap
+(``max_response_bytes``: ``4 x rows x dim`` over its texts) fails alone, before any engine
+work; a request cancelled by its client before the engine call is answered ``CANCELLED``
 (:class:`~triton_embed_server.steps.adapters.engine_step.EngineStepModel`).
 """
 
 import json
 
+import numpy as np
 import triton_python_backend_utils as pb_utils
 from triton_embed import codec
 from triton_embed.multivector_options import MultiVectorOptions
@@ -57,14 +60,14 @@ class TritonPythonModel(EngineStepModel):
         )
 
     def decode(self, request):
-        """One request's token IDs, validated, within the response cap.
+        """One request's token IDs and ``input_type``, validated, within the response cap.
 
         Raises:
             EmbedServingError: bad token IDs, an unknown option or a bad value, or a response
                 over ``max_response_bytes``.
         """
         try:
-            MultiVectorOptions.from_parameters(json.loads(request.parameters() or "{}"))
+            opts = MultiVectorOptions.from_parameters(json.loads(request.parameters() or "{}"))
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from None
         payloads = pb_utils.get_input_tensor_by_name(request, "TOKEN_IDS").as_numpy().reshape(-1)
@@ -76,19 +79,27 @@ class TritonPythonModel(EngineStepModel):
             max_request_tokens=self.config.max_request_tokens,
             step=self.step,
         )
-        check_response_size([len(x) for x in ids], self.config.spec.dim,
-                            self.config.max_response_bytes)  # fmt: skip
-        return (ids,)
+        spec, side = self.config.spec, opts.side
+        kept = [spec.kept_rows(x, side) for x in ids]
+        rows = [len(x) if k is None else int(k.sum()) for x, k in zip(ids, kept, strict=True)]
+        check_response_size(rows, spec.dim, self.config.max_response_bytes)
+        return ids, side
 
     def engine_call(self, decoded):
         """Every valid text's token vectors, one engine call; ``(matrices, texts)``."""
-        flat = [ids for (request_ids,) in decoded for ids in request_ids]
-        return self.engine.embed(flat), len(flat)
+        flat = [ids for request_ids, _ in decoded for ids in request_ids]
+        sides = [side for request_ids, side in decoded for _ in request_ids]
+        return self.engine.embed(flat, sides), len(flat)
 
     def respond(self, matrices, decoded):
-        """Per request its ``TOKEN_EMBEDDINGS`` elements (float32 ``[tokens, dim]`` each)."""
+        """Per request ``TOKEN_EMBEDDINGS`` (float32 ``[rows, dim]`` each) and ``NUM_TOKENS``."""
         out = []
-        for request_matrices in split(matrices, [len(ids) for (ids,) in decoded]):
+        for request_matrices in split(matrices, [len(ids) for ids, _ in decoded]):
             elements = codec.encode_token_matrices(request_matrices).reshape(-1, 1)
-            out.append((len(request_matrices), [pb_utils.Tensor("TOKEN_EMBEDDINGS", elements)]))
+            rows = np.array([[len(m)] for m in request_matrices], dtype=np.int32)
+            tensors = [
+                pb_utils.Tensor("TOKEN_EMBEDDINGS", elements),
+                pb_utils.Tensor("NUM_TOKENS", rows),
+            ]
+            out.append((len(request_matrices), tensors))
         return out

@@ -565,6 +565,19 @@ def test_a_large_body_at_a_normal_rate_is_not_cut_and_headers_over_64_kib_are_43
         s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70_000)
         assert read_until_closed(s, 5.0).startswith(b"HTTP/1.1 431 ")
         s.close()
+        # complete headers over the limit in one write (the parser would finish them in one
+        # read): 431 too; and 10,000 small headers
+        for big in (b"X-Big: " + b"a" * 100_000 + b"\r\n", b"X-A: aaaaaa\r\n" * 10_000):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n" + big + b"\r\n")
+            assert read_until_closed(s, 5.0).startswith(b"HTTP/1.1 431 ")
+            s.close()
+        # headers just under the limit followed by a body in the same write: not refused
+        s = socket.create_connection(("127.0.0.1", port))
+        pad = b"X-Pad: " + b"a" * 60_000 + b"\r\n"
+        s.sendall(head.replace(b"Host: x\r\n", b"Host: x\r\n" + pad) + body)
+        assert read_until_closed(s, 5.0).startswith(b"HTTP/1.1 200 OK")
+        s.close()
 
 
 def test_huggingface_hub_inference_client_on_the_base_url():

@@ -78,10 +78,12 @@ class HeaderLimits:
         super().connection_made(transport)  # type: ignore[misc]
         self._header_timer: asyncio.TimerHandle | None = None
         self._header_bytes = 0
+        self._header_tail = b""
         self._arm()
 
     def _arm(self) -> None:
         self._header_bytes = 0
+        self._header_tail = b""
         self._header_timer = self.loop.call_later(self.header_timeout_s, self._timed_out)
 
     def _disarm(self) -> None:
@@ -95,16 +97,23 @@ class HeaderLimits:
             self._arm()  # the first byte of the next request on a kept-alive connection
         reading_headers = self._header_timer is not None
         if reading_headers:
-            self._header_bytes += len(data)
+            # The headers' bytes in this read: up to their end (a blank line, which may
+            # straddle reads) if it is here; checked before the parser sees them, since it
+            # completes headers that arrive in one read however large.
+            seen = self._header_tail + data
+            end = seen.find(b"\r\n\r\n")
+            self._header_bytes += len(data) if end < 0 else end + 4 - len(self._header_tail)
+            self._header_tail = seen[-3:]
+            if self._header_bytes > self.max_header_bytes:
+                self._refuse(
+                    431,
+                    f"the request's headers are over {self.max_header_bytes} bytes; send fewer "
+                    "or shorter headers",
+                )
+                return
         super().data_received(data)  # type: ignore[misc]
         if self.cycle is not cycle or self.transport.is_closing():
             self._disarm()  # headers complete (a new request cycle), or refused by uvicorn
-        elif reading_headers and self._header_bytes > self.max_header_bytes:
-            self._refuse(
-                431,
-                f"the request's headers are over {self.max_header_bytes} bytes; send fewer or "
-                "shorter headers",
-            )
 
     def connection_lost(self, exc: Exception | None) -> None:  # noqa: D102
         self._disarm()

@@ -162,13 +162,21 @@ def test_a_model_the_tenant_may_not_use_is_403_in_each_apis_envelope(setup):
             "code": "model_not_allowed",
         }
     }
+    # TEI's routes name no model: the message names none either (no name leaks)
+    default = "tenant 'other' may not use the gateway's default model; its models are: rerank"
     r = post(c, "/embed", {"inputs": "x"}, headers=bearer(OTHER))
     assert r.status_code == 403
-    assert r.json() == {"error": message, "error_type": "Unauthorized"}
+    assert r.json() == {"error": default, "error_type": "Unauthorized"}
     assert post(c, "/tokenize", {"inputs": "x"}, headers=bearer(OTHER)).status_code == 403
+    r = c.get("/info", headers=bearer(OTHER))  # was 200 with the default model's name
+    assert (r.status_code, r.json()) == (403, {"error": default, "error_type": "Unauthorized"})
+    assert c.get("/info", headers=bearer(INDEXER)).status_code == 200
+    # an alias is quoted as sent, not resolved to the ensemble's name
+    r = embed(c, OTHER, "x", model="org/model")
+    assert r.json()["error"]["message"] == message.replace("'embed'", "'org/model'")
     assert pool.calls == []
     assert metric(c, "triton_embed_gateway_tenant_refusals_total", tenant="other",
-                  reason="model_not_allowed") == 3  # fmt: skip
+                  reason="model_not_allowed") == 5  # fmt: skip
 
 
 def test_a_model_the_tenant_may_not_use_is_403_before_the_routes_own_checks(setup):

@@ -312,7 +312,7 @@ class Gateway:
             return
         named = self.resolve_name(body["model"])
         if named is not None:
-            self.tenancy.check_model(tenant, named, self.resolve_name)
+            self.tenancy.check_model(tenant, named, self.resolve_name, body["model"])
 
     def resolve_name(self, name: str) -> str | None:
         """The ensemble a model name or alias stands for, or ``None``."""

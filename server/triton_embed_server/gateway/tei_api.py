@@ -411,8 +411,10 @@ def render_info(gateway: Gateway, model: ModelInfo | RerankerInfo) -> dict[str, 
 
 
 async def info(gateway: Gateway, request: Request, state: RequestState) -> Response:
-    """``GET /info``."""
+    """``GET /info`` (403 for a tenant that may not use the default model)."""
     model = gateway.model(gateway.default_model)
+    if state.tenant is not None:
+        gateway.tenancy.check_model(state.tenant, model.name, gateway.resolve_name)
     state.model = model.name
     return Response(orjson.dumps(render_info(gateway, model)), media_type=JSON)
 

@@ -174,13 +174,22 @@ class TenantRegistry:
             return True
         return any(resolve(name) == model for name in tenant.models)
 
-    def check_model(self, tenant: Tenant, model: str, resolve: Callable[[str], str | None]) -> None:
+    def check_model(
+        self,
+        tenant: Tenant,
+        model: str,
+        resolve: Callable[[str], str | None],
+        named: str | None = None,
+    ) -> None:
         """Refuse a model ``tenant`` may not use.
 
         Args:
             tenant: the request's tenant.
             model: the ensemble the request resolved to.
             resolve: the ensemble a name or alias of the tenant's ``models`` stands for.
+            named: the name the request gave (an alias is not resolved in the message);
+                ``None``: the request named none, the message says "the default model"
+                (a tenant learns no name it may not use).
 
         Raises:
             Forbidden: no name of the tenant's ``models`` is ``model`` or stands for it.
@@ -188,9 +197,9 @@ class TenantRegistry:
         if self.may_use(tenant, model, resolve):
             return
         allowed = ", ".join(sorted(tenant.models))
+        which = "the gateway's default model" if named is None else f"the model {quote(named)}"
         raise Forbidden(
-            f"tenant {tenant.name!r} may not use the model {quote(model)}; its models are: "
-            f"{allowed}",
+            f"tenant {tenant.name!r} may not use {which}; its models are: {allowed}",
             param="model",
         )
 

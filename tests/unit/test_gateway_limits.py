@@ -588,3 +588,24 @@ def test_huggingface_hub_inference_client_on_the_base_url():
         expected = httpx.post(f"{url}/embed", json={"inputs": "a b"}).json()
         assert got.shape == (1, 8)
         assert np.array_equal(got, np.array(expected, dtype=np.float32))
+
+
+@pytest.mark.parametrize("http", [protocol.HttpToolsProtocol, protocol.H11Protocol])
+def test_a_chunked_body_over_the_limit_gets_one_413_and_the_connection_is_closed(http):
+    """The rest of a body the gateway refused is not read as a next request (was: a 431)."""
+    limits = {"max_in_flight": 4, "header_timeout_s": 5.0, "body_timeout_s": 5.0, "http": http}
+    with served(**limits) as (url, port, _, _m):
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(
+            b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        chunk = b"%x\r\n" % (1 << 20) + b" " * (1 << 20) + b"\r\n"
+        with contextlib.suppress(OSError):  # the gateway may close while we still send
+            for _ in range(DEFAULT_MAX_BODY_BYTES // (1 << 20) + 4):
+                s.sendall(chunk)
+        answer = read_until_closed(s, 10.0)
+        s.close()
+        assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+        assert answer.count(b"HTTP/1.1 ") == 1, answer[:400]
+        assert httpx.get(f"{url}/health", timeout=5).status_code == 200

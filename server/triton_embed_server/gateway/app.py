@@ -357,6 +357,7 @@ class Gateway:
             started = time.perf_counter()
             entered = False
             refusal = None
+            unread = body  # a body not read to its end: the connection is closed after the answer
             try:
                 if not public:
                     state.tenant = self.tenancy.identify(request.headers.get("authorization"))
@@ -366,6 +367,7 @@ class Gateway:
                     state.body = await read_json_body(
                         request, self.max_body_bytes, self.body_timeout_s
                     )
+                    unread = False
                     self._check_named_model(state)
                 if counted:
                     if self.in_flight >= self.max_in_flight:
@@ -402,6 +404,8 @@ class Gateway:
                 if entered:
                     self.in_flight -= 1
                     self.metrics.in_flight.dec()
+            if unread:  # its rest would be read as the next request's headers
+                response.headers["connection"] = "close"
             served = response.status_code == 200
             self.metrics.observe(
                 route,

@@ -7,6 +7,7 @@ tests/integration/test_traces.py.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import subprocess
@@ -283,3 +284,23 @@ def test_each_gateway_request_is_one_server_span_with_its_tenant_model_and_statu
     assert served.status.is_ok and served.attributes["http.response.status_code"] == 200
     assert not failed.status.is_ok and failed.attributes["http.response.status_code"] == 503
     assert failed.attributes["triton_embed.tokens"] == 0
+
+
+def test_an_oversized_tracestate_is_dropped_before_the_propagator_logs_it(caplog):
+    """A client's 5 KB tracestate was written into the gateway's log by OpenTelemetry."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    tracing = GatewayTracing("http://127.0.0.1:4318", exporter=exporter)
+    junk = "x" * 5000
+    with caplog.at_level(logging.DEBUG):
+        headers = {"traceparent": PARENT, "tracestate": f"k={junk}"}
+        with tracing.request_span("POST", "/v1/embeddings", headers) as span:
+            tracing.finish(span, 200, "", "embed", 1, 1)
+        with tracing.request_span("POST", "/embed", {"traceparent": PARENT + junk}) as span:
+            tracing.finish(span, 200, "", "embed", 1, 1)
+    tracing.shutdown()
+    kept, dropped = exporter.get_finished_spans()
+    assert format(kept.parent.span_id, "016x") == "b7ad6b7169203331"  # traceparent still read
+    assert dropped.parent is None  # an over-long traceparent: a new trace
+    assert junk not in caplog.text

@@ -37,6 +37,14 @@ SERVICE_NAME = "triton-embed-gateway"
 TRACER_NAME = "triton_embed_server.gateway"
 
 
+#: The trace headers read, and the longest value of each passed on: a W3C ``traceparent`` is
+#: 55 characters (version 00; later versions may append fields), and a ``tracestate`` must be
+#: accepted up to 512 (W3C Trace Context, "tracestate Limits"). A longer value is dropped
+#: before OpenTelemetry's propagator sees it: it logs the values it refuses, so a client could
+#: otherwise write kilobytes of its own text into the gateway's log per request.
+TRACE_HEADER_CHARS = {"traceparent": 128, "tracestate": 512}
+
+
 class GatewayTracing:
     """The gateway's tracer provider, tracer and exporter.
 
@@ -71,7 +79,12 @@ class GatewayTracing:
             headers: the request's headers (a mapping with lower-case ``get``); a
                 ``traceparent`` that is not W3C is ignored (a new trace starts).
         """
-        parent = self._propagator.extract(headers)
+        carrier = {
+            name: value
+            for name, most in TRACE_HEADER_CHARS.items()
+            if (value := headers.get(name)) and len(value) <= most
+        }
+        parent = self._propagator.extract(carrier)
         attributes = {"http.request.method": method, "http.route": route}
         with self.tracer.start_as_current_span(
             f"{method} {route}", context=parent, kind=self._server, attributes=attributes

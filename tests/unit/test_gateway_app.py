@@ -309,6 +309,14 @@ def test_malformed_json_is_400(client):
     r = c.post("/v1/embeddings", content=b"", headers=JSON_HEADERS)
     assert r.status_code == 400
     assert r.json()["error"]["message"] == "the request body is empty; send a JSON object"
+    # bytes that are not UTF-8: said so, with their position (orjson said "surrogates", char 0)
+    body = b'{"model": "embed", "input": ["\xff"]}'
+    r = c.post("/v1/embeddings", content=body, headers=JSON_HEADERS)
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == (
+        "the request body is not valid UTF-8 at byte 30 (invalid start byte); send JSON "
+        "encoded in UTF-8 (JSON's \\u escapes for any character)"
+    )
 
 
 def test_2048_inputs_are_served_and_2049_are_413(client):

@@ -190,6 +190,13 @@ def parse_json(body: bytes) -> Any:
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
+        try:  # orjson names the wrong reason and position for bytes that are not UTF-8
+            body.decode("utf-8")
+        except UnicodeDecodeError as bad:
+            raise BadRequest(
+                f"the request body is not valid UTF-8 at byte {bad.start} ({bad.reason}); send "
+                "JSON encoded in UTF-8 (JSON's \\u escapes for any character)"
+            ) from None
         raise BadRequest(f"the request body is not valid JSON: {exc}") from None
 
 

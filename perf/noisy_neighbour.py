@@ -27,7 +27,9 @@ the first three phases reversed in even rounds:
 
 Targets (issue 25, on 2 cores): ``search`` p99 beside the indexer at most 2x alone;
 ``indexer`` beside ``search`` at least 0.8x alone; shares within 10% of 1:3. Rows go to
-``<out>/noisy_neighbour_batch<indexer-batch>.json``, the summary to stdout.
+``<out>/noisy_neighbour_batch<indexer-batch>_max<...>_call<...>.json``, the summary to
+stdout. ``--embedder-max-batch`` and ``--batch-call-tokens`` serve a copy of the repository
+with the embedder's ``max_batch_size`` / ``batch_call_tokens`` changed (variants).
 """
 
 from __future__ import annotations
@@ -230,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--embedder-max-batch", type=int, help="serve a copy with this embedder max_batch_size"
     )
+    parser.add_argument(
+        "--batch-call-tokens", type=int, help="serve a copy with this embedder batch_call_tokens"
+    )
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "perf" / "results")
     args = parser.parse_args(argv)
     texts = corpus(50)[0]
@@ -239,8 +244,10 @@ def main(argv: list[str] | None = None) -> int:
         keys = tenants_file(work / "tenants.yaml")
         source = bulk_corpus(work / "corpus.jsonl", args.texts)
         served = {}
-        if args.embedder_max_batch:
-            variant = Variant(max_batch_size=args.embedder_max_batch)
+        if args.embedder_max_batch or args.batch_call_tokens is not None:
+            variant = Variant(
+                max_batch_size=args.embedder_max_batch, batch_call_tokens=args.batch_call_tokens
+            )
             served["model_repository"] = variant_repository(work / "variant", variant)
         with TritonServer(ready_timeout_s=600, **served) as server, Gateway(
             [server.grpc_url], server.admin_key, api_key=keys["search"],
@@ -250,7 +257,10 @@ def main(argv: list[str] | None = None) -> int:
             for k in range(1, args.rounds + 1):
                 rows += round_rows(args, server, gateway, keys, texts, source, work, k)
     meta = {k: v for k, v in vars(args).items() if k != "out"}
-    stem = f"noisy_neighbour_batch{args.indexer_batch}_max{args.embedder_max_batch or 'shipped'}"
+    stem = (
+        f"noisy_neighbour_batch{args.indexer_batch}_max{args.embedder_max_batch or 'shipped'}"
+        f"_call{'shipped' if args.batch_call_tokens is None else args.batch_call_tokens}"
+    )
     save(rows, args.out, stem, **meta)
     print(summary(rows))
     return 0

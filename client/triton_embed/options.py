@@ -38,7 +38,8 @@ A value outside its allowed set is an :class:`OptionError` (a ``ValueError``) th
 parameter, the value and the allowed values. A parameter with any other name is an error too
 (a misspelt option must not be silently ignored), except the names the KServe v2 / Triton
 protocols reserve for themselves (:data:`RESERVED`, and any name starting with
-``triton_``), which are left alone.
+``triton_``), and the request's priority class (:data:`triton_embed.priority.CLASS_PARAMETER`,
+read by the engine steps), which are left alone.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from triton_embed.priority import CLASS_PARAMETER
 
 TRUNCATION = "truncation"
 ALLOW_EMPTY = "allow_empty"
@@ -78,6 +81,7 @@ RESERVED = frozenset(
         "binary_data",
         "binary_data_size",
         "headers",
+        CLASS_PARAMETER,
     }
 )
 

@@ -16,6 +16,13 @@ class           level  who
 A step's ``default_queue_policy`` is the interactive level's bound and timeout (it is what a
 request without a priority gets, as before priorities existed); ``priority_queue_policy``
 ``key: 2`` is the batch level's own bound and timeout.
+
+A request's class also travels as the request parameter :data:`CLASS_PARAMETER`
+(``priority_class``): Triton's Python backend cannot read a request's priority level, and
+the engine steps need the class to run interactive work first and batch work in short
+engine calls (``server/triton_embed_server/steps/engine_queue.py``). The client library,
+the gateway and the bulk job send both, from one setting (:func:`wire`); a raw
+``tritonclient`` caller sends ``priority=2`` and ``parameters={"priority_class": "batch"}``.
 """
 
 from __future__ import annotations
@@ -58,6 +65,9 @@ class Priority(str, enum.Enum):
 
 
 _LEVELS = {Priority.INTERACTIVE: 1, Priority.BATCH: 2}
+#: The request parameter that names a request's class to the engine steps (absent:
+#: interactive).
+CLASS_PARAMETER = "priority_class"
 #: The level of a request that sends none (``default_priority_level``): interactive.
 DEFAULT_PRIORITY = Priority.INTERACTIVE
 DEFAULT_PRIORITY_LEVEL = DEFAULT_PRIORITY.level
@@ -70,3 +80,27 @@ def level_of(priority: Priority | str | None) -> int:
         ValueError: an unknown class name.
     """
     return 0 if priority is None else Priority.parse(priority).level
+
+
+def wire(level: int, parameters: dict | None) -> dict:
+    """``tritonclient`` keyword arguments that send a request at priority level ``level``.
+
+    Args:
+        level: the Triton priority level (:func:`level_of`; 0: the server's default).
+        parameters: the request's other KServe v2 parameters, or ``None``.
+
+    Returns:
+        ``{"parameters": ..., "priority": level}``: ``parameters`` with
+        :data:`CLASS_PARAMETER` added for a non-default level (a copy; the argument is not
+        changed), ``None`` when there are none; no ``priority`` key for level 0.
+    """
+    params = dict(parameters or {})
+    out: dict = {}
+    if level:
+        out["priority"] = level
+        params[CLASS_PARAMETER] = _CLASSES[level].value
+    out["parameters"] = params or None
+    return out
+
+
+_CLASSES = {level: cls for cls, level in _LEVELS.items()}

@@ -611,10 +611,11 @@ def test_embed_into_a_npy_sends_normalize(fake_triton, tmp_path):
     argv = ["embed", str(corpus), "-o", str(tmp_path / "v.npy"), "--no-progress"]
     for flags in ([], ["--normalize", "true"], ["--normalize", "false"]):
         assert main([*argv, *flags]) == 0
+    batch = {"priority_class": "batch"}  # the CLI's default class, for the engine step
     assert fake_triton.parameters == [
-        {"input_type": "document"},
-        {"input_type": "document", "normalize": True},
-        {"input_type": "document", "normalize": False},
+        {"input_type": "document", **batch},
+        {"input_type": "document", "normalize": True, **batch},
+        {"input_type": "document", "normalize": False, **batch},
     ]
 
 
@@ -625,7 +626,9 @@ def test_query_sends_its_option_flags(fake_triton, tmp_path, capsys):
     argv = ["query", "q", "--embeddings", str(tmp_path / "e.npy"), "--corpus", str(corpus)]
     assert main([*argv, "--dimensions", "2", "--normalize", "false", "--truncation", "end"]) == 0
     assert main([*argv, "--input-type", "document"]) == 0
+    interactive = {"priority_class": "interactive"}  # query's default class
     assert fake_triton.parameters == [
-        {"truncation": "END", "input_type": "query", "dimensions": 2, "normalize": False},
-        {"input_type": "document"},
-    ]
+        {"truncation": "END", "input_type": "query", "dimensions": 2, "normalize": False,
+         **interactive},
+        {"input_type": "document", **interactive},
+    ]  # fmt: skip

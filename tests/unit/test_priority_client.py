@@ -11,6 +11,8 @@ from triton_embed import InvalidInputError, cli_usage
 from triton_embed.bulk import pool_embedder
 from triton_embed.cli import build_parser, main
 from triton_embed.client import EmbeddingClient
+from triton_embed.options import RequestOptions
+from triton_embed.priority import wire
 from triton_embed.transport.priorities import REQUEST_PRIORITY
 
 from tests import fake_triton as fake_server
@@ -29,6 +31,24 @@ def test_the_client_sends_its_priority_level_with_every_request(fake_triton, pri
     with EmbeddingClient("127.0.0.1:1", batch_size=2, priority=priority) as client:
         client.embed(["a", "b", "c"])
     assert fake_triton.priorities == [sent] * 2  # two requests of at most 2 texts
+    # the class goes with the level, as a parameter the engine steps read (none by default)
+    classes = [(p or {}).get("priority_class") for p in fake_triton.parameters]
+    assert classes == [{0: None, 1: "interactive", 2: "batch"}[sent]] * 2
+
+
+def test_wire_adds_the_class_to_a_copy_of_the_parameters():
+    params = {"truncation": "END"}
+    assert wire(2, params) == {
+        "priority": 2, "parameters": {"truncation": "END", "priority_class": "batch"}
+    }  # fmt: skip
+    assert params == {"truncation": "END"}
+    assert wire(1, None) == {"priority": 1, "parameters": {"priority_class": "interactive"}}
+    assert wire(0, None) == {"parameters": None}
+    assert wire(0, params) == {"parameters": params}
+
+
+def test_the_steps_options_ignore_the_class_parameter():
+    assert RequestOptions.from_parameters({"priority_class": "batch"}) == RequestOptions()
 
 
 def test_an_unknown_priority_is_refused(fake_triton):

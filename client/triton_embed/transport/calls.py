@@ -25,6 +25,7 @@ from triton_embed.admin import check_key, read_admin_key
 from triton_embed.codec import decode_embeddings, decode_sparse, decode_token_matrices
 from triton_embed.errors import EmbedClientError, InvalidInputError, map_error
 from triton_embed.options import DEFAULT_EMBEDDING_TYPE, EmbeddingType
+from triton_embed.priority import wire
 from triton_embed.retry import RetryPolicy
 from triton_embed.transport.tracing import TraceContext, as_trace_context, call_span, capture
 
@@ -173,8 +174,7 @@ def _call(
                 outputs=[grpc.InferRequestedOutput(name) for name in outputs],
                 client_timeout=channel.timeout_s,
                 headers=headers,
-                parameters=parameters or None,
-                **({"priority": channel.priority} if channel.priority else {}),
+                **wire(channel.priority, parameters),
             )
         except Exception as exc:
             raise map_error(exc, channel.url, offset, size, items=items) from None

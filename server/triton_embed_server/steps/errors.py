@@ -76,6 +76,37 @@ class EngineError(EmbedServingError, code="INTERNAL", reason="engine_error"):
     """The inference engine failed on a batch that passed validation."""
 
 
+class QueueFullError(EmbedServingError, code="UNAVAILABLE", reason="queue_full"):
+    """A batch-class request found the engine step's queue full (Triton's words: overload)."""
+
+    def __init__(self, limit: int):
+        super().__init__(
+            f"Exceeds maximum queue size: {limit} batch-class requests already wait for this "
+            "engine instance (the batch level's max_queue_size); send it again later, with backoff"
+        )
+
+
+class QueueTimeoutError(EmbedServingError, code="UNAVAILABLE", reason="queue_timeout"):
+    """A batch-class request waited in the engine step's queue past its level's timeout."""
+
+    def __init__(self, timeout_s: float):
+        super().__init__(
+            f"Request timeout expired: it waited more than {timeout_s:g} s for this engine "
+            "instance (the batch level's default_timeout_microseconds); send it again later, "
+            "with backoff, or send less at once"
+        )
+
+
+class UnloadingError(EmbedServingError, code="UNAVAILABLE", reason="unloading"):
+    """The model instance stopped (unload, shutdown) before it ran the request."""
+
+    def __init__(self):
+        super().__init__(
+            "the model instance stopped before it ran the request (unloaded or shutting "
+            "down); send it again"
+        )
+
+
 def to_triton_error(exc: BaseException, pb_utils: Any) -> Any:
     """Map an exception to a ``pb_utils.TritonError`` (the one place codes are chosen).
 

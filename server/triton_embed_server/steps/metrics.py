@@ -14,7 +14,8 @@ Per request (both steps):
 
 * ``triton_embed_requests_succeeded_total``, ``triton_embed_requests_failed_total{reason}``
   (``reason``: ``empty``, ``invalid_utf8``, ``too_long``, ``invalid_input``,
-  ``invalid_token_ids``, ``too_much_work``, ``cancelled``, ``engine_error``, ``internal``)
+  ``invalid_token_ids``, ``too_much_work``, ``cancelled``, ``engine_error``, ``queue_full``,
+  ``queue_timeout``, ``unloading``, ``internal``)
 * ``triton_embed_texts_total``, ``triton_embed_tokens_total`` (tokens kept, special tokens
   included), ``triton_embed_texts_truncated_total`` (tokenizer only)
 
@@ -59,7 +60,7 @@ from triton_embed_server.steps.errors import EmbedServingError
 
 FAILURE_REASONS = (
     "empty", "invalid_utf8", "too_long", "invalid_input", "invalid_token_ids", "too_much_work",
-    "cancelled", "engine_error", "internal",
+    "cancelled", "engine_error", "queue_full", "queue_timeout", "unloading", "internal",
 )  # fmt: skip
 # Histogram upper bounds. Seconds: 0.5 ms (one short text, tokenizer) to 10 s (a full batch of
 # 256 long texts on 2 CPU cores). Texts: powers of 2 up to max_batch_size 256. Tokens: up to

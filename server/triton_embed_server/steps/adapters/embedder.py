@@ -79,6 +79,11 @@ class TritonPythonModel(EngineStepModel):
         )
         return ids, windows, opts
 
+    def cut(self, decoded, start, end):
+        """Texts ``start:end`` of a decoded request: their token IDs and windows."""
+        ids, windows, opts = decoded
+        return ids[start:end], windows[start:end], opts
+
     def engine_call(self, decoded):
         """Every valid window, pooled in one engine call; ``(pooled, windows)``."""
         flat_windows, skips = [], []

@@ -64,6 +64,11 @@ class TritonPythonModel(EngineStepModel):
         )
         return ids, starts, opts
 
+    def cut(self, decoded, start, end):
+        """Pairs ``start:end`` of a decoded request: their token IDs and document starts."""
+        ids, starts, opts = decoded
+        return ids[start:end], starts[start:end], opts
+
     def engine_call(self, decoded):
         """Every valid pair's raw logit, one engine call; ``(logits, pairs)``."""
         flat_ids = [ids for request_ids, _, _ in decoded for ids in request_ids]

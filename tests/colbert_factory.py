@@ -15,14 +15,18 @@ plain JSON, the files those libraries save, and compute the reference as the lib
   and ``1_Dense/model.safetensors`` (``linear.weight``), ``config_sentence_transformers.json``
   (``query_prefix``, ``document_prefix``, ``query_length``, ``document_length``,
   ``do_query_expansion``, ``attend_to_expansion_tokens``);
-* :func:`reference_ids`: the token IDs each reference's tokenizer makes (Stanford's
-  ``QueryTokenizer`` / ``DocTokenizer``: ``". " + text``, position 1 overwritten by the
-  marker, a query padded to ``query_maxlen`` with ``[MASK]``; PyLate's ``tokenize``: the text
-  tokenized to ``length - 1``, the prefix ID inserted at position 1, a query padded with the
-  mask token);
-* :func:`reference_vectors`: ``transformers``' last hidden states of those IDs (every
-  position attended), times the projection, L2-normalized per token; without a projection,
-  the hidden states as they are (TEI's ``/embed_all``); a document's rows of
+* :func:`reference_inputs`: the token IDs and the attention mask each reference's tokenizer
+  makes (Stanford's ``QueryTokenizer`` / ``DocTokenizer.tensorize``, since 2024: the text
+  tokenized to ``length - 1`` tokens, the marker inserted at position 1; before, ``". " +
+  text`` with position 1 overwritten, the same IDs; PyLate's ``tokenize``: the same with its
+  prefix token); a query padded to its length, the padding turned into ``[MASK]`` (Stanford
+  replaces the pad IDs; PyLate pads with the mask token as its pad token), the attention mask
+  left at 0 on the padding unless the folder says to attend to it
+  (``attend_to_mask_tokens``, ``attend_to_expansion_tokens``); :func:`reference_ids`: the IDs;
+* :func:`reference_vectors`: ``transformers``' last hidden states of those IDs (with the
+  reference's attention mask when given, else every position attended), times the
+  projection, L2-normalized per token, every row kept (a ``[MASK]`` row too); without a
+  projection, the hidden states as they are (TEI's ``/embed_all``); a document's rows of
   :func:`reference_skiplist` tokens left out;
 * :func:`reference_skiplist`: the punctuation token IDs each reference drops from a document
   (Stanford's ``ColBERT.skiplist`` when ``mask_punctuation``: each ``string.punctuation``
@@ -190,37 +194,51 @@ def reference_ids(path: Path, texts: Sequence[str], side: str) -> list[list[int]
     ``side``: ``query`` or ``document``. A folder without ColBERT files: the tokenizer's own
     IDs (``[CLS] text [SEP]``), cut to ``sentence_bert_config.json``'s ``max_seq_length``.
     """
+    return reference_inputs(path, texts, side)[0]
+
+
+def reference_inputs(
+    path: Path, texts: Sequence[str], side: str
+) -> tuple[list[list[int]], list[list[int]]]:
+    """The token IDs and the attention mask the folder's reference makes (module docstring).
+
+    Each text is tokenized alone, as a batch of one (a document is not padded).
+    """
     from transformers import AutoTokenizer
 
     path = Path(path)
     tok = AutoTokenizer.from_pretrained(str(path))
     query = side == "query"
+    st = path / "config_sentence_transformers.json"
     if (path / "artifact.metadata").is_file():  # Stanford's QueryTokenizer / DocTokenizer
         meta = json.loads((path / "artifact.metadata").read_text())
         length = meta["query_maxlen"] if query else meta["doc_maxlen"]
-        marker = tok.convert_tokens_to_ids(meta["query_token_id" if query else "doc_token_id"])
-        out = []
-        for text in texts:
-            ids = tok(". " + text, truncation=True, max_length=length)["input_ids"]
-            ids[1] = marker
-            if query:
-                ids += [tok.mask_token_id] * (length - len(ids))
-            out.append(ids)
-        return out
-    st = path / "config_sentence_transformers.json"
-    if st.is_file() and "query_prefix" in json.loads(st.read_text()):  # PyLate's tokenize
+        marker = meta["query_token_id" if query else "doc_token_id"]
+        expand, attend = query, meta.get("attend_to_mask_tokens", False)
+    elif st.is_file() and "query_prefix" in json.loads(st.read_text()):  # PyLate's tokenize
         conf = json.loads(st.read_text())
         length = conf["query_length"] if query else conf["document_length"]
-        prefix = tok.convert_tokens_to_ids(conf["query_prefix" if query else "document_prefix"])
-        out = []
-        for text in texts:
-            ids = tok(text, truncation=True, max_length=length - 1)["input_ids"]
-            if query and conf["do_query_expansion"]:
-                ids += [tok.mask_token_id] * (length - 1 - len(ids))
-            out.append(ids[:1] + [prefix] + ids[1:])
-        return out
-    max_length = json.loads((path / "sentence_bert_config.json").read_text())["max_seq_length"]
-    return [tok(t, truncation=True, max_length=max_length)["input_ids"] for t in texts]
+        marker = conf["query_prefix" if query else "document_prefix"]
+        expand = query and conf["do_query_expansion"]
+        attend = conf["attend_to_expansion_tokens"]
+        tok.pad_token = tok.mask_token  # PyLate pads with the mask token
+    else:
+        max_length = json.loads((path / "sentence_bert_config.json").read_text())["max_seq_length"]
+        ids = [tok(t, truncation=True, max_length=max_length)["input_ids"] for t in texts]
+        return ids, [[1] * len(x) for x in ids]
+    marker_id = tok.convert_tokens_to_ids(marker)
+    padding = "max_length" if expand else False
+    all_ids, all_masks = [], []
+    for text in texts:
+        enc = tok(text, truncation=True, max_length=length - 1, padding=padding)
+        ids = enc["input_ids"][:1] + [marker_id] + enc["input_ids"][1:]
+        mask = enc["attention_mask"][:1] + [1] + enc["attention_mask"][1:]
+        if expand:
+            ids = [tok.mask_token_id if t == tok.pad_token_id else t for t in ids]
+            mask = [1] * len(mask) if attend else mask
+        all_ids.append(ids)
+        all_masks.append(mask)
+    return all_ids, all_masks
 
 
 def reference_skiplist(path: Path) -> set[int]:
@@ -242,14 +260,19 @@ def reference_skiplist(path: Path) -> set[int]:
 
 
 def reference_vectors(
-    path: Path, token_ids: Sequence[Sequence[int]], sides: Sequence[str] | None = None
+    path: Path,
+    token_ids: Sequence[Sequence[int]],
+    sides: Sequence[str] | None = None,
+    masks: Sequence[Sequence[int]] | None = None,
 ) -> list[np.ndarray]:
     """Per text float32 ``[rows, dim]``: the reference vectors of those IDs.
 
-    ``transformers``' last hidden states (every token attended), projected by the ColBERT
-    projection and L2-normalized per token; a folder without one: the hidden states. A text
-    whose ``sides`` entry is ``document`` (``None``: none is) loses the rows of its
-    :func:`reference_skiplist` tokens, as the reference's document encoder drops them.
+    ``transformers``' last hidden states (with each text's attention mask from ``masks``,
+    :func:`reference_inputs`; ``None``: every token attended), projected by the ColBERT
+    projection and L2-normalized per token, one row per token; a folder without one: the
+    hidden states. A text whose ``sides`` entry is ``document`` (``None``: none is) loses the
+    rows of its :func:`reference_skiplist` tokens, as the reference's document encoder drops
+    them.
     """
     import torch
     from safetensors.torch import load_file
@@ -273,7 +296,9 @@ def reference_vectors(
     out = []
     with torch.no_grad():
         for i, ids in enumerate(token_ids):
-            hidden = model(input_ids=torch.tensor([list(ids)])).last_hidden_state[0]
+            keys = None if masks is None else torch.tensor([list(masks[i])])
+            hidden = model(input_ids=torch.tensor([list(ids)]), attention_mask=keys)
+            hidden = hidden.last_hidden_state[0]
             if projection is not None:
                 hidden = torch.nn.functional.normalize(hidden @ projection.T, dim=-1)
             if sides is not None and sides[i] == "document":

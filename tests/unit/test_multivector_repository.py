@@ -43,6 +43,7 @@ from tests.colbert_factory import (
     make_pylate_colbert,
     make_stanford_colbert,
     reference_ids,
+    reference_inputs,
     reference_skiplist,
 )
 from tests.model_factory import HIDDEN_SIZE, fortune_texts, make_mean_encoder
@@ -379,3 +380,30 @@ def test_add_parameters_appends_entries_that_parse_and_refuses_a_key_twice():
     assert parsed.parameters["query_length"].string_value == "16"
     with pytest.raises(ValueError, match='already have the key "kind"'):
         add_parameters(text, {"kind": "x"}, "again")
+
+
+def test_a_querys_expansion_is_the_trailing_run_of_mask_tokens_and_only_it(built, tmp_path):
+    from dataclasses import replace
+
+    from triton_embed_server.steps.masked_queries import query_passes
+
+    spec = replace(read_multivector_spec(built["stanford"]), attend_expansion=False)
+    assert spec.masks_expansion and not replace(spec, attend_expansion=True).masks_expansion
+    assert not replace(spec, mask_id=-1).masks_expansion  # PyLate without query expansion
+    m = spec.mask_id
+    # [CLS] [Q] text-with-a-literal-[MASK] [SEP] [MASK] [MASK]: the text's own mask is a key
+    ids = [2, spec.query_marker_id, 40, m, 41, 3, m, m]
+    assert spec.query_key_mask(ids).tolist() == [1, 1, 1, 1, 1, 1, 0, 0]
+    assert spec.query_key_mask(ids[:6]).tolist() == [1] * 6  # a full query: nothing to leave out
+    assert spec.query_key_mask([m, m]).tolist() == [1, 1]  # some key must be attended
+    assert spec.query_key_mask(ids).dtype == np.int64
+    # as the references build it (their tokenizer's attention mask)
+    folder = make_stanford_colbert(tmp_path / "masked", attend_to_mask_tokens=False)
+    want_ids, want_masks = reference_inputs(folder, texts(), "query")
+    masked = read_multivector_spec(folder)
+    assert [masked.query_key_mask(x).tolist() for x in want_ids] == want_masks
+    # forward passes of at most budget positions (texts x the longest), in order
+    assert query_passes([16] * 10, 64) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert query_passes([5, 40, 3], 48) == [[0], [1], [2]]
+    assert query_passes([100, 4, 4], 48) == [[0], [1, 2]]
+    assert query_passes([], 48) == []

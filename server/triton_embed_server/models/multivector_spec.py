@@ -126,8 +126,9 @@ class MultiVectorSpec:
         mask_id: the token a query is filled with up to :attr:`query_length` (-1: queries
             are not augmented).
         attend_expansion: the reference attends to the ``[MASK]`` tokens (PyLate's
-            ``attend_to_expansion_tokens``, Stanford's ``attend_to_mask_tokens``); vLLM's
-            attention always does (docs/sparse.md says what that changes when this is false).
+            ``attend_to_expansion_tokens``, Stanford's ``attend_to_mask_tokens``); when false
+            (:attr:`masks_expansion`) the engine embeds queries outside vLLM, whose attention
+            always attends to every token (docs/sparse.md, "Query augmentation").
         skiplist: token IDs whose rows a document's matrix leaves out (the module docstring's
             punctuation rule), ascending; empty: every row is kept.
     """
@@ -159,6 +160,38 @@ class MultiVectorSpec:
             "attend_expansion": "true" if self.attend_expansion else "false",
             "skiplist": ",".join(str(i) for i in self.skiplist),
         }
+
+    @property
+    def masks_expansion(self) -> bool:
+        """Whether a query's ``[MASK]`` expansion is left out as attention keys.
+
+        True when queries are augmented (:attr:`mask_id`) and the reference does not attend
+        to the expansion (:attr:`attend_expansion` false, both libraries' default).
+        """
+        return self.mask_id >= 0 and not self.attend_expansion
+
+    def query_key_mask(self, token_ids: Sequence[int]) -> np.ndarray:
+        """A query's attention mask as the reference builds it when :attr:`masks_expansion`.
+
+        Both references pad a query to its length and turn the padding into ``[MASK]`` with
+        the tokenizer's attention mask left at 0 there (Stanford's ``QueryTokenizer.
+        tensorize``, PyLate's ``ColBERT.tokenize``): the expansion is the run of
+        :attr:`mask_id` at the end of the IDs, after ``[SEP]``; a ``[MASK]`` the text itself
+        holds stays attended. Every position is still a query of attention and keeps its row.
+        IDs of ``[MASK]`` only (sent to the step directly) leave nothing out: some key must be.
+
+        Args:
+            token_ids: a query's token IDs (markers and expansion in).
+
+        Returns:
+            int64 ``[tokens]``: 1 for a key attended, 0 for the expansion's positions.
+        """
+        ids = np.asarray(token_ids, dtype=np.int64)
+        mask = np.ones(len(ids), dtype=np.int64)
+        real = np.flatnonzero(ids != self.mask_id)
+        if self.mask_id >= 0 and len(real):
+            mask[int(real[-1]) + 1 :] = 0
+        return mask
 
     def marker_id(self, input_type: str) -> int:
         """The marker token of a ``query`` or a ``document`` (-1: none)."""

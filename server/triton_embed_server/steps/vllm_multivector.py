@@ -16,6 +16,12 @@ vector per token, float32 ``[tokens, dim]``.
 
 The engine checks that the vectors have the spec's ``dim`` values: a projection vLLM failed to
 load (it logs and goes on without one) would otherwise give hidden-size vectors.
+
+A ColBERT model whose reference leaves a query's ``[MASK]`` expansion out as attention keys
+(:attr:`~triton_embed_server.models.multivector_spec.MultiVectorSpec.masks_expansion`) has
+its **queries** embedded by :class:`~triton_embed_server.steps.masked_queries.
+MaskedQueryEncoder` (``transformers`` on the same weights, then this engine's own head);
+its documents, and every text of the other models, go to vLLM.
 """
 
 from __future__ import annotations
@@ -80,6 +86,8 @@ class TokenEmbeddingEngine:
         model_config = self._llm.llm_engine.model_config
         self.vocab_size = int(model_config.get_vocab_size())
         self.dim = self.spec.dim
+        #: The query encoder of a model that leaves the [MASK] expansion out as keys, or None.
+        self.masked_queries = None
         probe = self.embed([[0, 0]])[0]
         if probe.shape[1] != self.dim:
             raise EngineError(
@@ -87,6 +95,29 @@ class TokenEmbeddingEngine:
                 f"spec says dim={self.dim} (a projection vLLM did not load?); check the "
                 "model folder's projection weights"
             )
+        if self.spec.masks_expansion:
+            self.masked_queries = self._masked_queries(model_config.dtype)
+
+    def _masked_queries(self, dtype: Any) -> Any:
+        """The query encoder of a model that leaves the ``[MASK]`` expansion out as keys.
+
+        Raises:
+            EngineError: the engine's model has no ``token_embed`` head, or the encoder
+                cannot be loaded (:class:`~triton_embed_server.steps.masked_queries.
+                MaskedQueryEncoder`).
+        """
+        from triton_embed_server.steps.masked_queries import MaskedQueryEncoder, token_head
+
+        head, device = self._llm.apply_model(token_head)[0]
+        if head is None:
+            raise EngineError(
+                "the engine's model has no token_embed pooler head to project the queries "
+                "with (vLLM's layout changed?); the model's queries need it"
+            )
+        budget = self.config.max_num_batched_tokens
+        return MaskedQueryEncoder(
+            self.config.model_path, self.spec, head, self._params, device, dtype, budget
+        )
 
     def close(self) -> None:
         """Shut the engine down now (not left to the garbage collector)."""
@@ -95,7 +126,10 @@ class TokenEmbeddingEngine:
     def embed(
         self, token_ids: Sequence[Sequence[int]], input_types: Sequence[str] | None = None
     ) -> list[np.ndarray]:
-        """Token vectors of pre-tokenized texts, in one engine call.
+        """Token vectors of pre-tokenized texts, in one vLLM call (and one query encoder call).
+
+        The queries of a model that leaves its ``[MASK]`` expansion out as keys go to
+        :attr:`masked_queries` (the module docstring); every other text goes to vLLM.
 
         Args:
             token_ids: ``n`` texts' token IDs, already validated.
@@ -114,6 +148,37 @@ class TokenEmbeddingEngine:
         """
         if not token_ids:
             return []
+        sides = input_types if input_types is not None else ["document"] * len(token_ids)
+        masked = [self.masked_queries is not None and side == "query" for side in sides]
+        queries = [i for i, m in enumerate(masked) if m]
+        rest = [i for i, m in enumerate(masked) if not m]
+        matrices: list[Any] = [None] * len(token_ids)
+        for i, matrix in zip(rest, self._vllm_rows([token_ids[i] for i in rest]), strict=True):
+            matrices[i] = matrix
+        if queries:
+            found = self.masked_queries.embed([token_ids[i] for i in queries])
+            for i, matrix in zip(queries, found, strict=True):
+                matrices[i] = matrix
+        out = []
+        for ids, side, matrix in zip(token_ids, sides, matrices, strict=True):
+            if matrix.ndim != 2 or matrix.shape[0] != len(ids):
+                raise EngineError(
+                    f"the engine returned {matrix.shape} token vectors for a text of "
+                    f"{len(ids)} tokens"
+                )
+            kept = self.spec.kept_rows(ids, side)
+            matrix = matrix if kept is None else matrix[kept]
+            out.append(np.ascontiguousarray(matrix, dtype=np.float32))
+        return out
+
+    def _vllm_rows(self, token_ids: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """Per text float32 ``[tokens, dim]`` from one vLLM call (``[]`` for no texts).
+
+        Raises:
+            EngineError: the engine failed, or returned a wrong number of texts.
+        """
+        if not token_ids:
+            return []
         from vllm.inputs import TokensPrompt
 
         prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in token_ids]
@@ -125,16 +190,4 @@ class TokenEmbeddingEngine:
             raise EngineError(f"the token engine failed: {type(exc).__name__}: {exc}") from exc
         if len(outputs) != len(prompts):
             raise EngineError(f"the engine returned {len(outputs)} texts for {len(prompts)}")
-        out = []
-        sides = input_types if input_types is not None else ["document"] * len(token_ids)
-        for ids, side, output in zip(token_ids, sides, outputs, strict=True):
-            matrix = output.outputs.data.to("cpu").float().numpy()
-            if matrix.ndim != 2 or matrix.shape[0] != len(ids):
-                raise EngineError(
-                    f"the engine returned {matrix.shape} token vectors for a text of "
-                    f"{len(ids)} tokens"
-                )
-            kept = self.spec.kept_rows(ids, side)
-            matrix = matrix if kept is None else matrix[kept]
-            out.append(np.ascontiguousarray(matrix, dtype=np.float32))
-        return out
+        return [output.outputs.data.to("cpu").float().numpy() for output in outputs]

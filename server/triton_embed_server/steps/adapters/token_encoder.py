@@ -1,7 +1,9 @@
 """Triton Python-backend adapter of a multi-vector model's engine step: TOKEN_IDS -> vectors.
 
 Each model instance (an ``instance_group`` copy, its own stub process) owns one in-process
-vLLM pooling engine (:class:`~triton_embed_server.steps.vllm_multivector.TokenEmbeddingEngine`).
+vLLM pooling engine (:class:`~triton_embed_server.steps.vllm_multivector.TokenEmbeddingEngine`;
+with the queries of a model that leaves the ``[MASK]`` expansion out as keys on its
+``transformers`` encoder, :mod:`~triton_embed_server.steps.masked_queries`).
 All texts of all requests of an ``execute`` call go to the engine in one call; each text's
 ``[rows, dim]`` float32 matrix is one ``TOKEN_EMBEDDINGS`` element
 (:func:`triton_embed.codec.encode_token_matrices`) and its row count the text's
@@ -29,9 +31,9 @@ from triton_embed_server.steps.token_matrices import check_response_size
 from triton_embed_server.steps.vllm_multivector import TokenEmbeddingEngine
 
 #: What the start log line adds for a model whose reference leaves the [MASK] tokens out as keys.
-_MASKS_ATTENDED = (
-    " (the model's reference leaves its [MASK] tokens out as keys; vLLM attends to them: "
-    "its queries differ from the reference's, docs/sparse.md)"
+_MASKS_LEFT_OUT = (
+    " (queries embedded by transformers on the same weights, the [MASK] expansion left out "
+    "as keys as the reference does; documents on vLLM; docs/sparse.md)"
 )
 
 
@@ -49,11 +51,10 @@ class TritonPythonModel(EngineStepModel):
     def describe(self) -> str:
         """Model, layout, dimension, dtype and budgets, for the start log line."""
         spec, c = self.config.spec, self.config
-        differs = not spec.attend_expansion and spec.mask_id >= 0
         return (
             f"{c.model_path.name}, {spec.architecture}, layout={spec.layout.value}, "
             f"dim={spec.dim}, normalize={spec.normalize}, query_length={spec.query_length}, "
-            f"attend_expansion={spec.attend_expansion}{_MASKS_ATTENDED * differs}, "
+            f"attend_expansion={spec.attend_expansion}{_MASKS_LEFT_OUT * spec.masks_expansion}, "
             f"dtype={c.dtype}, max_length={c.max_length}, "
             f"max_request_tokens={c.max_request_tokens}, "
             f"max_response_bytes={c.max_response_bytes}"

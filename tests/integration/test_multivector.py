@@ -3,13 +3,17 @@
 One tritonserver (module scope) serves three models written by ``triton-embed repository
 add`` (the CLI, as a user runs it) from folders built at test time:
 
-* ``colbert``: a seeded Stanford ``HF_ColBERT`` checkpoint (``tests/colbert_factory.py``);
+* ``colbert``: a seeded Stanford ``HF_ColBERT`` checkpoint (``tests/colbert_factory.py``)
+  saved with ``attend_to_mask_tokens: false`` (``ColBERTConfig``'s default): its queries run
+  on the token encoder's ``transformers`` query encoder with the ``[MASK]`` expansion left out
+  as keys, its documents on vLLM;
 * ``tokens``: a small dense BERT encoder with ``--kind multivector`` (its hidden states),
   its response cap lowered to two full-length texts (``max_response_bytes``);
 * ``dense``: the same folder as an embedding model (for the wrong-kind answers).
 
-Reference: the token IDs each reference library makes (markers, truncation, the query's
-``[MASK]`` augmentation), through ``transformers``' last hidden states, projected and
+Reference: the token IDs and attention mask each reference library makes (markers,
+truncation, the query's ``[MASK]`` augmentation, at 0 in the mask for ``colbert``'s queries;
+``reference_inputs``), through ``transformers``' last hidden states, projected and
 L2-normalized for ColBERT, a document's punctuation rows left out as the reference leaves
 them out (``reference_vectors``; ``NUM_TOKENS`` is each matrix's rows); within ``rtol``
 1e-4 + ``atol`` 1e-5 per value (float32 on CPU on both sides;
@@ -34,7 +38,7 @@ from tests.colbert_factory import (
     COLBERT_DIM,
     QUERY_LENGTH,
     make_stanford_colbert,
-    reference_ids,
+    reference_inputs,
     reference_vectors,
 )
 from tests.helpers import CLI, running, text_input
@@ -58,8 +62,10 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     base = tmp_path_factory.mktemp("colbert")
-    return {"colbert": make_stanford_colbert(base / "colbert"), "dense": make_mean_encoder(
-        base / "dense")}  # fmt: skip
+    return {
+        "colbert": make_stanford_colbert(base / "colbert", attend_to_mask_tokens=False),
+        "dense": make_mean_encoder(base / "dense"),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +106,8 @@ def sample_texts():
 
 
 def expected(folder, texts, side):
-    ids = reference_ids(folder, texts, side)
-    return ids, reference_vectors(folder, ids, [side] * len(ids))
+    ids, masks = reference_inputs(folder, texts, side)
+    return ids, reference_vectors(folder, ids, [side] * len(ids), masks)
 
 
 def assert_close(got, want):
@@ -126,6 +132,8 @@ def test_kserve_token_embeddings_are_colberts(client, folders, side):
     assert counts.tolist() == [len(w) for w in want]
     if side == "query":
         assert set(counts.tolist()) == {QUERY_LENGTH}
+        unmasked = reference_vectors(folders["colbert"], ids)  # [MASK]s attended, as vLLM does
+        assert max(float(np.abs(g - u).max()) for g, u in zip(got, unmasked, strict=True)) > 0.01
     else:  # the punctuation rows are gone: fewer rows than tokens read
         assert sum(counts) < sum(len(i) for i in ids) and counts[-1] == 3
     assert_close(got, want)

@@ -125,7 +125,7 @@ def infer(client, texts, model="colbert", **parameters):
 
 
 @pytest.mark.parametrize("side", ["query", "document"])
-def test_kserve_token_embeddings_are_colberts(client, folders, side):
+def test_kserve_token_embeddings_are_colberts(server, client, folders, side):
     texts = sample_texts()
     got, counts = infer(client, texts, input_type=side)
     ids, want = expected(folders["colbert"], texts, side)
@@ -134,6 +134,7 @@ def test_kserve_token_embeddings_are_colberts(client, folders, side):
         assert set(counts.tolist()) == {QUERY_LENGTH}
         unmasked = reference_vectors(folders["colbert"], ids)  # [MASK]s attended, as vLLM does
         assert max(float(np.abs(g - u).max()) for g, u in zip(got, unmasked, strict=True)) > 0.01
+        assert "queries embedded by transformers" in server.log_tail(2_000_000)  # start line
     else:  # the punctuation rows are gone: fewer rows than tokens read
         assert sum(counts) < sum(len(i) for i in ids) and counts[-1] == 3
     assert_close(got, want)

@@ -402,6 +402,14 @@ def test_a_querys_expansion_is_the_trailing_run_of_mask_tokens_and_only_it(built
     want_ids, want_masks = reference_inputs(folder, texts(), "query")
     masked = read_multivector_spec(folder)
     assert [masked.query_key_mask(x).tolist() for x in want_ids] == want_masks
+    # repository add writes the setting; the token encoder's parameter can turn it over
+    repo = tmp_path / "repo"
+    gen.add_model(repo, ModelOptions(name="m", model=str(folder)))
+    config = read_config_pbtxt(repo / "m_token_encoder" / "config.pbtxt")
+    assert config["parameters"]["attend_expansion"]["string_value"] == "false"
+    assert TokenEncoderConfig.from_model_config(config, repo).spec.masks_expansion
+    config["parameters"]["attend_expansion"] = {"string_value": "true"}
+    assert not TokenEncoderConfig.from_model_config(config, repo).spec.masks_expansion
     # forward passes of at most budget positions (texts x the longest), in order
     assert query_passes([16] * 10, 64) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     assert query_passes([5, 40, 3], 48) == [[0], [1], [2]]

@@ -19,11 +19,12 @@ and the L2 normalization per token the documents get: the same module, taken fro
 engine's model).
 
 dtype: vLLM's resolved ``model_config.dtype``, so a query's rows and a document's come from
-the same precision (float32 or bfloat16 on CPU, float16 or bfloat16 on GPU), except float16
-on CPU, which runs float32 (torch has no fast float16 matrix kernels on CPU). Device: the
-engine model's. Work: queries go in forward passes of at most ``max_num_batched_tokens``
-token positions (the engine's own step budget), each pass padded to its longest query (the
-padding left out as keys, its rows dropped); a query is ``query_length`` tokens.
+the same precision (float32 on CPU, as ``repository add`` writes this kind; float16, bfloat16
+or float32 on GPU), except float16 on CPU, which runs float32 (torch has no fast float16
+matrix kernels on CPU). Device: the engine model's. Work: queries go in forward passes of at
+most ``max_num_batched_tokens`` token positions (the engine's own step budget), each pass
+padded to its longest query (the padding left out as keys, its rows dropped); a query is
+``query_length`` tokens.
 """
 
 from __future__ import annotations
@@ -36,6 +37,14 @@ import numpy as np
 
 from triton_embed_server.models.multivector_spec import MultiVectorSpec
 from triton_embed_server.steps.errors import EngineError
+
+#: What a start error says to do when the query encoder cannot be built.
+_WAY_OUT = (
+    "the model leaves its queries' [MASK] expansion out as attention keys, which vLLM cannot; "
+    "fix the folder, or set the token encoder's parameter attend_expansion to true to embed "
+    "its queries on vLLM with the expansion attended (they then differ from the reference's; "
+    "docs/sparse.md)"
+)
 
 
 def token_head(model: Any) -> tuple[Any, Any]:
@@ -97,6 +106,7 @@ class MaskedQueryEncoder:
         device: Any,
         dtype: Any,
         budget_tokens: int,
+        trust_remote_code: bool = False,
     ):
         """Load the encoder (once per model instance).
 
@@ -108,6 +118,8 @@ class MaskedQueryEncoder:
             device: the engine model's torch device.
             dtype: the engine's torch dtype (float16 on CPU runs float32).
             budget_tokens: the most token positions of one forward pass.
+            trust_remote_code: the engine's (``transformers`` runs the folder's code only
+                where vLLM was allowed to).
 
         Raises:
             EngineError: ``transformers`` cannot build the encoder from the folder, or the
@@ -120,19 +132,21 @@ class MaskedQueryEncoder:
             dtype = torch.float32
         try:
             model, info = AutoModel.from_pretrained(
-                str(path), dtype=dtype, output_loading_info=True
+                str(path),
+                dtype=dtype,
+                output_loading_info=True,
+                trust_remote_code=trust_remote_code,
             )
         except Exception as exc:  # the folder is the one vLLM loaded: name what failed
             raise EngineError(
-                f"{path}: transformers could not load the encoder for the model's queries "
-                f"({type(exc).__name__}: {exc}); its queries need it, as the model leaves "
-                "the [MASK] expansion out as keys (docs/sparse.md)"
+                f"{path}: transformers could not load the encoder of the model's queries "
+                f"({type(exc).__name__}: {exc}); {_WAY_OUT}"
             ) from exc
         missing = [k for k in info.get("missing_keys", ()) if not k.startswith("pooler.")]
         if missing:
             raise EngineError(
                 f"{path}: the checkpoint has no {', '.join(sorted(missing)[:5])} for the "
-                f"query encoder ({len(missing)} weights missing); check the model folder"
+                f"encoder of the model's queries ({len(missing)} weights missing); {_WAY_OUT}"
             )
         self.model = model.to(device).eval()
         self.spec, self.head, self.params = spec, head, params

@@ -96,9 +96,9 @@ class TokenEmbeddingEngine:
                 "model folder's projection weights"
             )
         if self.spec.masks_expansion:
-            self.masked_queries = self._masked_queries(model_config.dtype)
+            self.masked_queries = self._masked_queries(model_config)
 
-    def _masked_queries(self, dtype: Any) -> Any:
+    def _masked_queries(self, model_config: Any) -> Any:
         """The query encoder of a model that leaves the ``[MASK]`` expansion out as keys.
 
         Raises:
@@ -114,9 +114,15 @@ class TokenEmbeddingEngine:
                 "the engine's model has no token_embed pooler head to project the queries "
                 "with (vLLM's layout changed?); the model's queries need it"
             )
-        budget = self.config.max_num_batched_tokens
         return MaskedQueryEncoder(
-            self.config.model_path, self.spec, head, self._params, device, dtype, budget
+            self.config.model_path,
+            self.spec,
+            head,
+            self._params,
+            device,
+            model_config.dtype,
+            self.config.max_num_batched_tokens,
+            trust_remote_code=bool(model_config.trust_remote_code),
         )
 
     def close(self) -> None:

@@ -38,12 +38,25 @@ Families (docs/operations.md, "Metric catalogue"):
 :class:`GatewayMetrics` is also the upstream pool's observer
 (:class:`triton_embed.transport.observer.PoolObserver`), which the gateway passes in.
 
-With ``--workers N`` each worker process has its own registry: a scrape sees one worker.
+With ``--workers N`` the workers count in prometheus_client's multiprocess mode: the parent
+sets :data:`MULTIPROC_ENV` to the workers' private shared folder before they start (the
+library chooses where values live when it is imported), each worker writes its values to
+its own files there, and ``/metrics`` of any worker renders all of them
+(``MultiProcessCollector``): counters and histograms summed over every worker that ever
+ran, ``in_flight`` summed over the live ones (``livesum``; the files of a dead worker's
+live gauges are removed, ``mark_process_dead``, at the next scrape). ``upstream_up`` is no
+sum: every worker checks every upstream itself (every 2 s), and the scrape shows the view
+of the worker that answers it (a collector of this module, so that an upstream DNS no
+longer returns leaves no series, which multiprocess files cannot forget). The
+``*_created`` series are not served in either mode. With one worker nothing of this applies.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import glob
+import os
+import re
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prometheus_client import (
@@ -53,7 +66,9 @@ from prometheus_client import (
     Histogram,
     disable_created_metrics,
     generate_latest,
+    multiprocess,
 )
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 COUNTER = "counter"
@@ -68,6 +83,72 @@ MERGED_REQUESTS_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 #: The refusals counted by status alone (429 by its cause: :meth:`count_refusal`).
 REFUSAL_REASONS = {401: "unauthorized", 403: "model_not_allowed"}
 _KINDS = {COUNTER: Counter, GAUGE: Gauge, HISTOGRAM: Histogram}
+#: prometheus_client's multiprocess folder variable (read when the library is imported).
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+#: A live gauge's file in the multiprocess folder: ``gauge_live<mode>_<pid>.db``.
+_LIVE_FILE = re.compile(r"gauge_live[a-z]+_(\d+)\.db$")
+UPSTREAM_UP = "triton_embed_gateway_upstream_up"
+UPSTREAM_UP_HELP = (
+    "1 while the upstream (ip:port) is ready and used, 0 while it is taken out (with "
+    "--workers N: as the worker answering the scrape sees it; each checks every 2 s)."
+)
+
+
+class UpstreamGauge:
+    """``upstream_up`` of this process, a collector: ``labels(u).set(v)``, ``remove(u)``."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, float] = {}
+
+    def labels(self, upstream: str) -> _UpstreamChild:
+        """The series of ``upstream``."""
+        return _UpstreamChild(self.values, upstream)
+
+    def remove(self, upstream: str) -> None:
+        """Drop the series of ``upstream``.
+
+        Raises:
+            KeyError: there is none.
+        """
+        del self.values[upstream]
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """The family, for a registry."""
+        family = GaugeMetricFamily(UPSTREAM_UP, UPSTREAM_UP_HELP, labels=("upstream",))
+        for upstream, value in sorted(self.values.items()):
+            family.add_metric((upstream,), value)
+        yield family
+
+
+class _UpstreamChild:
+    def __init__(self, values: dict[str, float], upstream: str):
+        self.values, self.upstream = values, upstream
+
+    def set(self, value: float) -> None:
+        self.values[self.upstream] = float(value)
+
+
+def reap_dead_workers(folder: str) -> list[int]:
+    """Remove the live-gauge files of processes that no longer run (``mark_process_dead``).
+
+    Returns:
+        The pids whose files were removed.
+    """
+    dead = set()
+    for path in glob.glob(os.path.join(folder, "gauge_live*_*.db")):
+        match = _LIVE_FILE.search(os.path.basename(path))
+        if match is None:
+            continue
+        pid = int(match.group(1))
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            dead.add(pid)
+        except PermissionError:
+            pass
+    for pid in dead:
+        multiprocess.mark_process_dead(pid, folder)
+    return sorted(dead)
 
 
 def metric(
@@ -99,12 +180,15 @@ class GatewayMetrics:
     upstreams in and out (``upstream_up``) and calls sent again (``retries``).
 
     Attributes:
-        registry: the ``CollectorRegistry`` ``/metrics`` renders.
+        registry: the ``CollectorRegistry`` of this process's families (what ``/metrics``
+            renders with one worker).
+        multiproc_dir: the workers' multiprocess folder (:data:`MULTIPROC_ENV`), or ``None``.
     """
 
     def __init__(self) -> None:
         disable_created_metrics()  # no *_created series: the gateway is a process of its own
         self.registry = CollectorRegistry(auto_describe=True)
+        self.multiproc_dir = os.environ.get(MULTIPROC_ENV)
 
         def family(name: str, documentation: str, *labels: str, kind: str, **options: Any) -> Any:
             return metric(name, documentation, labels, kind=kind, registry=self.registry, **options)
@@ -135,14 +219,13 @@ class GatewayMetrics:
             kind="counter",
         )
         self.in_flight = family(
-            "triton_embed_gateway_in_flight", "Requests in the gateway now.", kind="gauge"
-        )
-        self.upstream_up = family(
-            "triton_embed_gateway_upstream_up",
-            "1 while the upstream (ip:port) is ready and used, 0 while it is taken out.",
-            "upstream",
+            "triton_embed_gateway_in_flight",
+            "Requests in the gateway now.",
             kind="gauge",
+            multiprocess_mode="livesum",
         )
+        self.upstream_up = UpstreamGauge()
+        self.registry.register(self.upstream_up)
         self.retries = family(
             "triton_embed_gateway_upstream_retries_total",
             "Upstream calls sent again to another upstream after the first one failed.",
@@ -236,5 +319,11 @@ class GatewayMetrics:
             pass
 
     def render(self) -> tuple[bytes, str]:
-        """The exposition text and its content type."""
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        """The exposition text and its content type: every worker's with ``--workers N``."""
+        if self.multiproc_dir is None:
+            return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        reap_dead_workers(self.multiproc_dir)
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, self.multiproc_dir)
+        registry.register(self.upstream_up)
+        return generate_latest(registry), CONTENT_TYPE_LATEST

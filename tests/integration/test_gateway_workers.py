@@ -10,7 +10,9 @@ its requests alternately over them, so that with two workers each one serves hal
 * its ``max_concurrency`` of 1 holds across workers: a request on the other worker waits
   until the first one is answered (and a tenant without a cap is not made to wait);
 * every scrape of ``/metrics``, whichever worker answers, counts each request once;
-* ``GET /admin/usage`` answers the sum of both workers' rows, whichever worker answers.
+* ``GET /admin/usage`` answers the sum of both workers' rows, whichever worker answers;
+* the folder the workers share is private (0700), a killed worker's counts stay and its
+  live gauge goes, and the folder is removed when the gateway exits.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from __future__ import annotations
 import hashlib
 import http.client
 import math
+import os
+import signal
+import stat
 import textwrap
 import threading
 import time
@@ -219,3 +224,44 @@ def test_metrics_and_usage_count_every_request_once_whichever_worker_answers(gat
         rows = orjson.loads(body)["usage"]
         assert sum(r["tokens"] for r in rows) == base_tokens + tokens
         assert sum(r["requests"] for r in rows) == base + 20
+
+
+def _workers_of(gateway: Gateway) -> dict[int, str]:
+    """pid -> the shared folder, of each worker that has the shared store open."""
+    found = {}
+    for process in psutil.Process(gateway.process.pid).children(recursive=True):
+        try:
+            files = process.open_files()
+        except psutil.Error:
+            continue
+        for f in files:
+            if f.path.endswith("/limits.sqlite"):
+                found[process.pid] = os.path.dirname(f.path)
+    return found
+
+
+def test_the_shared_folder_is_private_outlives_a_killed_worker_and_is_removed_at_exit(server):
+    with Gateway([server.grpc_url], server.admin_key, workers=2) as gw:
+        deadline = time.monotonic() + 60
+        while len(workers := _workers_of(gw)) < 2:
+            assert time.monotonic() < deadline, workers
+            time.sleep(0.1)
+        (folder,) = set(workers.values())
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+        url = f"{gw.base_url}/v1/embeddings"
+        for _ in range(6):
+            request = urllib.request.Request(url, orjson.dumps({"model": "embed", "input": SHORT}),
+                                             {"Content-Type": "application/json"})  # fmt: skip
+            assert urllib.request.urlopen(request).status == 200
+        killed = min(workers)
+        os.kill(killed, signal.SIGKILL)  # uvicorn starts another one
+        while killed in (workers := _workers_of(gw)) or len(workers) < 2:
+            assert time.monotonic() < deadline + 60, workers
+            time.sleep(0.1)
+        series = 'model="embed",route="/v1/embeddings",status="200"'
+        for _ in range(6):
+            text = urllib.request.urlopen(f"{gw.base_url}/metrics").read().decode()
+            assert _sample(text, "triton_embed_gateway_requests_total", series) == 6
+            assert "triton_embed_gateway_in_flight 0.0" in text.splitlines()
+        assert not os.path.exists(os.path.join(folder, f"gauge_livesum_{killed}.db"))
+    assert not os.path.exists(folder)

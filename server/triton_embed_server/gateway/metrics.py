@@ -87,45 +87,51 @@ _KINDS = {COUNTER: Counter, GAUGE: Gauge, HISTOGRAM: Histogram}
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 #: A live gauge's file in the multiprocess folder: ``gauge_live<mode>_<pid>.db``.
 _LIVE_FILE = re.compile(r"gauge_live[a-z]+_(\d+)\.db$")
-UPSTREAM_UP = "triton_embed_gateway_upstream_up"
-UPSTREAM_UP_HELP = (
-    "1 while the upstream (ip:port) is ready and used, 0 while it is taken out (with "
-    "--workers N: as the worker answering the scrape sees it; each checks every 2 s)."
-)
 
 
-class UpstreamGauge:
-    """``upstream_up`` of this process, a collector: ``labels(u).set(v)``, ``remove(u)``."""
+class ProcessGauge:
+    """A gauge whose values are this process's alone, in every mode: a collector.
 
-    def __init__(self) -> None:
-        self.values: dict[str, float] = {}
+    For a value each worker knows for itself and that no sum or extreme of workers would
+    mean (``upstream_up``); unlike a multiprocess-mode gauge, a series can be removed.
+    ``labels(...).set(v)`` and ``remove(...)`` as a ``prometheus_client`` Gauge.
 
-    def labels(self, upstream: str) -> _UpstreamChild:
-        """The series of ``upstream``."""
-        return _UpstreamChild(self.values, upstream)
+    Args:
+        name: the family's name.
+        documentation: its help text.
+        labelnames: its label names.
+    """
 
-    def remove(self, upstream: str) -> None:
-        """Drop the series of ``upstream``.
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str]):
+        self.name, self.documentation, self.labelnames = name, documentation, tuple(labelnames)
+        self.values: dict[tuple[str, ...], float] = {}
+
+    def labels(self, *values: str) -> _ProcessGaugeChild:
+        """The series of these label values."""
+        return _ProcessGaugeChild(self.values, tuple(str(v) for v in values))
+
+    def remove(self, *values: str) -> None:
+        """Drop the series of these label values.
 
         Raises:
             KeyError: there is none.
         """
-        del self.values[upstream]
+        del self.values[tuple(str(v) for v in values)]
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         """The family, for a registry."""
-        family = GaugeMetricFamily(UPSTREAM_UP, UPSTREAM_UP_HELP, labels=("upstream",))
-        for upstream, value in sorted(self.values.items()):
-            family.add_metric((upstream,), value)
+        family = GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for values, value in sorted(self.values.items()):
+            family.add_metric(values, value)
         yield family
 
 
-class _UpstreamChild:
-    def __init__(self, values: dict[str, float], upstream: str):
-        self.values, self.upstream = values, upstream
+class _ProcessGaugeChild:
+    def __init__(self, values: dict[tuple[str, ...], float], key: tuple[str, ...]):
+        self.values, self.key = values, key
 
     def set(self, value: float) -> None:
-        self.values[self.upstream] = float(value)
+        self.values[self.key] = float(value)
 
 
 def reap_dead_workers(folder: str) -> list[int]:
@@ -158,6 +164,7 @@ def metric(
     *,
     kind: str,
     registry: CollectorRegistry,
+    per_process: bool = False,
     **options: Any,
 ) -> Any:
     """Create one family in ``registry``: a ``prometheus_client`` Counter, Gauge or Histogram.
@@ -168,8 +175,16 @@ def metric(
         labels: its label names.
         kind: :data:`COUNTER`, :data:`GAUGE` or :data:`HISTOGRAM`.
         registry: where it is registered.
-        **options: passed on (``buckets=`` of a histogram).
+        per_process: a gauge of this process's own values in every mode
+            (:class:`ProcessGauge`), not summed over ``--workers``.
+        **options: passed on (``buckets=`` of a histogram, ``multiprocess_mode=`` of a gauge).
     """
+    if per_process:
+        if kind != GAUGE:
+            raise ValueError(f"{name}: only a gauge can be per process, not a {kind}")
+        gauge = ProcessGauge(name, documentation, labels)
+        registry.register(gauge)
+        return gauge
     return _KINDS[kind](name, documentation, labels, registry=registry, **options)
 
 
@@ -224,8 +239,14 @@ class GatewayMetrics:
             kind="gauge",
             multiprocess_mode="livesum",
         )
-        self.upstream_up = UpstreamGauge()
-        self.registry.register(self.upstream_up)
+        self.upstream_up = family(
+            "triton_embed_gateway_upstream_up",
+            "1 while the upstream (ip:port) is ready and used, 0 while it is taken out (with "
+            "--workers N: as the worker answering the scrape sees it; each checks every 2 s).",
+            "upstream",
+            kind="gauge",
+            per_process=True,
+        )
         self.retries = family(
             "triton_embed_gateway_upstream_retries_total",
             "Upstream calls sent again to another upstream after the first one failed.",

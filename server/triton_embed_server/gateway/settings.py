@@ -63,6 +63,10 @@ DEFAULT_MAX_UPSTREAM_REQUESTS = 64
 DEFAULT_BODY_TIMEOUT_S = 20.0
 
 
+#: The settings fields no flag sets: the command fills them in (``--workers N``).
+NOT_FLAGS = frozenset({"shared_dir"})
+
+
 def configure_logging(level: str) -> None:
     """The gateway's log lines on stderr: time, level, ``[gateway]``, message.
 

@@ -17,14 +17,16 @@ read, compute, write), so the check and the update of a bucket or a slot count a
 across processes, without a lock of our own, a server, or a process that all requests
 pass through. The folder lives for one run of the gateway, so the database need not
 survive a crash of the machine: ``synchronous=OFF`` keeps a commit in the page cache
-(no ``fsync``). A request makes up to five such transactions (admit, slot, slot back,
-charge, usage row); measured on the 2-core reference machine at about 10-40 us each
-(``tests/unit/test_gateway_shared.py`` prints them), against a gateway request's
-1-2 ms of CPU: far under the gateway's request rate, so each limit is kept exactly
-rather than split 1/N per worker (which refuses a tenant early whenever its requests land
-unevenly on the workers). The single-worker gateway does not use this module: its
-buckets, slots and ledger stay in the process (:class:`~.quota.TokenBucket`,
-:class:`~.fair.FairQueue`, :class:`~.usage.UsageLedger`).
+(no ``fsync``). A request makes up to five such operations (admit, slot, slot back,
+charge, usage row): about 50 us in all on the 2-core reference machine
+(``tests/unit/test_gateway_shared.py`` prints it), 80-120 us through the whole request path
+(``python -m perf.gateway_workers``), against about 400 us of gateway CPU per request
+(perf/README.md). That is cheap enough to keep each limit exactly, rather than have each
+worker enforce 1/N of it, which refuses a tenant early whenever its requests land
+unevenly on the workers (with a shared listening socket, whichever worker is idle takes a
+connection, and a keep-alive client stays on one worker). The single-worker gateway does
+not use this module: its buckets, slots and ledger stay in the process
+(:class:`~.quota.TokenBucket`, :class:`~.fair.FairQueue`, :class:`~.usage.UsageLedger`).
 
 **Clocks.** The buckets use ``time.monotonic`` (``CLOCK_MONOTONIC``: one clock for every
 process of the machine); the usage rows ``time.time`` (UTC hours).

@@ -85,6 +85,7 @@ from triton_embed_server.gateway.kinds import model_of_kind, wrong_kind
 from triton_embed_server.gateway.merging import Merger
 from triton_embed_server.gateway.metrics import GatewayMetrics
 from triton_embed_server.gateway.settings import GatewaySettings
+from triton_embed_server.gateway.shared import SharedStore, SharedUsageLedger
 from triton_embed_server.gateway.tenancy import TenantRegistry
 from triton_embed_server.gateway.tenants import Tenant
 from triton_embed_server.gateway.tracing import GatewayTracing
@@ -137,6 +138,8 @@ class Gateway:
         admin_key: the servers' admin key, which also opens ``GET /admin/usage``
             (``None``: that route is closed).
         tracing: the request spans (``--otlp-endpoint``, :mod:`~.tracing`); ``None``: none.
+        store: the ``--workers`` processes' shared store (:mod:`~.shared`): slots and usage
+            for the whole gateway; ``None``: this process's own.
     """
 
     def __init__(
@@ -148,6 +151,7 @@ class Gateway:
         tenants: TenantRegistry | None = None,
         admin_key: str | None = None,
         tracing: GatewayTracing | None = None,
+        store: SharedStore | None = None,
     ):
         self.settings = settings
         self.tracing = tracing
@@ -155,8 +159,8 @@ class Gateway:
         self.metrics = metrics
         self.merger = Merger(pool, settings.merge_in_flight, metrics)
         self.tenancy = tenants or TenantRegistry.from_sources(None, api_key)
-        self.scheduler = Scheduler(settings.max_upstream_requests)
-        self.usage = UsageLedger()
+        self.scheduler = Scheduler(settings.max_upstream_requests, store)
+        self.usage = UsageLedger() if store is None else SharedUsageLedger(store)
         self.admin_key = admin_key
         self.max_body_bytes = settings.max_body_bytes
         self.body_timeout_s = settings.body_timeout_s

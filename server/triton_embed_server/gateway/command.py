@@ -4,16 +4,22 @@ Both take the flags of :func:`add_gateway_args` and end in :func:`run`:
 uvicorn serving :func:`~triton_embed_server.gateway.routes.create_app`, with uvloop when it is
 installed and the gateway's HTTP protocol (uvicorn's httptools or h11 protocol with a
 request-header timeout, :mod:`~triton_embed_server.gateway.protocol`), one worker process
-unless ``--workers N``.
+unless ``--workers N``. With ``--workers N`` (N > 1) this process creates a private folder
+(mode 0700) that the workers share: their tenants' buckets, slots and usage
+(:mod:`~triton_embed_server.gateway.shared`) and their Prometheus multiprocess files
+(:mod:`~triton_embed_server.gateway.metrics`), and removes it when uvicorn returns.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import logging
 import os
+import shutil
 import sys
+import tempfile
 from dataclasses import fields
 from pathlib import Path
 
@@ -121,7 +127,8 @@ _FLAGS = (
     (
         "--workers",
         positive_int,
-        "uvicorn worker processes (default %(default)s; each has its own limits and metrics)",
+        "uvicorn worker processes (default %(default)s); tenants' limits, usage and the "
+        "metrics hold for all of them together (docs/tenants.md)",
     ),
     (
         "--otlp-endpoint",
@@ -194,6 +201,7 @@ def run(settings: GatewaySettings) -> None:
     """
     import uvicorn
 
+    from triton_embed_server.gateway.metrics import MULTIPROC_ENV
     from triton_embed_server.gateway.protocol import protocol_class
     from triton_embed_server.gateway.routes import SETTINGS_ENV, create_app
 
@@ -210,13 +218,19 @@ def run(settings: GatewaySettings) -> None:
         "timeout_graceful_shutdown": 30,
     }
     if settings.workers > 1:
-        os.environ[SETTINGS_ENV] = settings.to_json()
-        uvicorn.run(
-            "triton_embed_server.gateway.routes:create_app_from_env",
-            factory=True,
-            workers=settings.workers,
-            **options,
-        )
+        shared_dir = tempfile.mkdtemp(prefix="triton-embed-gateway-")  # mode 0700
+        try:
+            os.environ[MULTIPROC_ENV] = shared_dir  # before the workers import prometheus_client
+            shared = dataclasses.replace(settings, shared_dir=shared_dir)
+            os.environ[SETTINGS_ENV] = shared.to_json()
+            uvicorn.run(
+                "triton_embed_server.gateway.routes:create_app_from_env",
+                factory=True,
+                workers=settings.workers,
+                **options,
+            )
+        finally:
+            shutil.rmtree(shared_dir, ignore_errors=True)
     else:
         uvicorn.run(create_app(settings), **options)
 

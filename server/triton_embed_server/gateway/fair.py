@@ -18,6 +18,12 @@ drives; :class:`Scheduler`, its asyncio wrapper):
 
 A tenant flooding its class thus gets its weight's share of the class's tokens while others
 of the class have requests waiting, and all of it when they have none.
+
+With ``--workers N`` each worker has its own queue and slots, and ``max_concurrency`` holds
+for the whole gateway: a capped tenant's request also takes one of its slots in the
+workers' shared store (:class:`~triton_embed_server.gateway.shared.SharedStore`, passed as
+``shared``) and gives it back when done; while a request waits for a slot another worker
+holds, the scheduler looks again every :data:`SHARED_POLL_S` seconds.
 """
 
 from __future__ import annotations
@@ -28,11 +34,24 @@ import itertools
 import math
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 #: Bytes per token a text is estimated at before the tokenizer step has counted it.
 BYTES_PER_TOKEN_ESTIMATE = 4
 #: Special tokens estimated per text.
 SPECIAL_TOKENS_ESTIMATE = 2
+#: Seconds between two looks at the shared slots while a request waits for one.
+SHARED_POLL_S = 0.005
+
+
+class SharedSlots(Protocol):
+    """Tenants' slots held by all the gateway's workers (``--workers N``)."""
+
+    def try_acquire(self, tenant: str, cap: int) -> bool:
+        """Take one of ``tenant``'s ``cap`` slots if fewer are held; whether taken."""
+
+    def release(self, tenant: str) -> None:
+        """Give back one of ``tenant``'s slots."""
 
 
 def estimate_tokens(sizes: Sequence[int], max_tokens_per_text: int | None = None) -> int:
@@ -83,12 +102,15 @@ class FairQueue:
 
     Args:
         slots: requests let through at once (>= 1).
+        shared: the workers' shared slots (``--workers N``): ``max_concurrency`` counts
+            every worker's requests; ``None``: this queue's alone.
     """
 
-    def __init__(self, slots: int):
+    def __init__(self, slots: int, shared: SharedSlots | None = None):
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
         self.slots = slots
+        self.shared = shared
         self.busy = 0
         self.waiting: list[Ticket] = []
         self.virtual: dict[int, float] = {}
@@ -113,16 +135,22 @@ class FairQueue:
         """The next ticket to let through now, or ``None`` (no free slot, or none eligible)."""
         if self.busy >= self.slots:
             return None
-        best = None
-        for ticket in self.waiting:
-            if not self._eligible(ticket):
-                continue
-            if best is None or (ticket.level, ticket.start, ticket.seq) < (
-                best.level, best.start, best.seq,
-            ):  # fmt: skip
-                best = ticket
-        if best is None:
-            return None
+        full: set[str] = set()  # tenants at their cap in the shared slots
+        while True:
+            best = None
+            for ticket in self.waiting:
+                if ticket.tenant in full or not self._eligible(ticket):
+                    continue
+                if best is None or (ticket.level, ticket.start, ticket.seq) < (
+                    best.level, best.start, best.seq,
+                ):  # fmt: skip
+                    best = ticket
+            if best is None:
+                return None
+            cap = best.max_concurrency
+            if self.shared is None or cap is None or self.shared.try_acquire(best.tenant, cap):
+                break
+            full.add(best.tenant)
         self.waiting.remove(best)
         self.virtual[best.level] = max(self.virtual.get(best.level, 0.0), best.start)
         self.busy += 1
@@ -140,6 +168,8 @@ class FairQueue:
     def done(self, ticket: Ticket) -> None:
         """A let-through ticket is done: its slot is free, its served tokens correct its tag."""
         self.busy -= 1
+        if self.shared is not None and ticket.max_concurrency is not None:
+            self.shared.release(ticket.tenant)
         count = self.in_service.get(ticket.tenant, 1) - 1
         if count:
             self.in_service[ticket.tenant] = count
@@ -157,20 +187,34 @@ class Scheduler:
 
     Args:
         slots: requests doing upstream work at once (``--max-upstream-requests``).
+        shared: the workers' shared slots (``--workers N``; :class:`FairQueue`).
     """
 
-    def __init__(self, slots: int):
-        self.queue = FairQueue(slots)
+    def __init__(self, slots: int, shared: SharedSlots | None = None):
+        self.queue = FairQueue(slots, shared)
+        self._poller: asyncio.Task | None = None
 
     @property
     def waiting(self) -> int:
         """Requests waiting now."""
         return len(self.queue.waiting)
 
-    def _dispatch(self) -> None:
+    def _wake(self) -> None:
         while (ticket := self.queue.pop()) is not None:
             if ticket.future is not None and not ticket.future.done():
                 ticket.future.set_result(None)
+
+    def _dispatch(self) -> None:
+        self._wake()
+        shared = self.queue.shared is not None
+        if shared and self.queue.waiting and (self._poller is None or self._poller.done()):
+            self._poller = asyncio.get_running_loop().create_task(self._poll())
+
+    async def _poll(self) -> None:
+        """Look again while requests wait: another worker may have given a slot back."""
+        while self.queue.waiting:
+            await asyncio.sleep(SHARED_POLL_S)
+            self._wake()
 
     @contextlib.asynccontextmanager
     async def turn(self, ticket: Ticket) -> AsyncIterator[Ticket]:

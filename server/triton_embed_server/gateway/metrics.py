@@ -38,12 +38,25 @@ Families (docs/operations.md, "Metric catalogue"):
 :class:`GatewayMetrics` is also the upstream pool's observer
 (:class:`triton_embed.transport.observer.PoolObserver`), which the gateway passes in.
 
-With ``--workers N`` each worker process has its own registry: a scrape sees one worker.
+With ``--workers N`` the workers count in prometheus_client's multiprocess mode: the parent
+sets :data:`MULTIPROC_ENV` to the workers' private shared folder before they start (the
+library chooses where values live when it is imported), each worker writes its values to
+its own files there, and ``/metrics`` of any worker renders all of them
+(``MultiProcessCollector``): counters and histograms summed over every worker that ever
+ran, ``in_flight`` summed over the live ones (``livesum``; the files of a dead worker's
+live gauges are removed, ``mark_process_dead``, at the next scrape). ``upstream_up`` is no
+sum: every worker checks every upstream itself (every 2 s), and the scrape shows the view
+of the worker that answers it (a collector of this module, so that an upstream DNS no
+longer returns leaves no series, which multiprocess files cannot forget). The
+``*_created`` series are not served in either mode. With one worker nothing of this applies.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import glob
+import os
+import re
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prometheus_client import (
@@ -53,7 +66,9 @@ from prometheus_client import (
     Histogram,
     disable_created_metrics,
     generate_latest,
+    multiprocess,
 )
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 COUNTER = "counter"
@@ -68,6 +83,78 @@ MERGED_REQUESTS_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 #: The refusals counted by status alone (429 by its cause: :meth:`count_refusal`).
 REFUSAL_REASONS = {401: "unauthorized", 403: "model_not_allowed"}
 _KINDS = {COUNTER: Counter, GAUGE: Gauge, HISTOGRAM: Histogram}
+#: prometheus_client's multiprocess folder variable (read when the library is imported).
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+#: A live gauge's file in the multiprocess folder: ``gauge_live<mode>_<pid>.db``.
+_LIVE_FILE = re.compile(r"gauge_live[a-z]+_(\d+)\.db$")
+
+
+class ProcessGauge:
+    """A gauge whose values are this process's alone, in every mode: a collector.
+
+    For a value each worker knows for itself and that no sum or extreme of workers would
+    mean (``upstream_up``); unlike a multiprocess-mode gauge, a series can be removed.
+    ``labels(...).set(v)`` and ``remove(...)`` as a ``prometheus_client`` Gauge.
+
+    Args:
+        name: the family's name.
+        documentation: its help text.
+        labelnames: its label names.
+    """
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str]):
+        self.name, self.documentation, self.labelnames = name, documentation, tuple(labelnames)
+        self.values: dict[tuple[str, ...], float] = {}
+
+    def labels(self, *values: str) -> _ProcessGaugeChild:
+        """The series of these label values."""
+        return _ProcessGaugeChild(self.values, tuple(str(v) for v in values))
+
+    def remove(self, *values: str) -> None:
+        """Drop the series of these label values.
+
+        Raises:
+            KeyError: there is none.
+        """
+        del self.values[tuple(str(v) for v in values)]
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """The family, for a registry."""
+        family = GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for values, value in sorted(self.values.items()):
+            family.add_metric(values, value)
+        yield family
+
+
+class _ProcessGaugeChild:
+    def __init__(self, values: dict[tuple[str, ...], float], key: tuple[str, ...]):
+        self.values, self.key = values, key
+
+    def set(self, value: float) -> None:
+        self.values[self.key] = float(value)
+
+
+def reap_dead_workers(folder: str) -> list[int]:
+    """Remove the live-gauge files of processes that no longer run (``mark_process_dead``).
+
+    Returns:
+        The pids whose files were removed.
+    """
+    dead = set()
+    for path in glob.glob(os.path.join(folder, "gauge_live*_*.db")):
+        match = _LIVE_FILE.search(os.path.basename(path))
+        if match is None:
+            continue
+        pid = int(match.group(1))
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            dead.add(pid)
+        except PermissionError:
+            pass
+    for pid in dead:
+        multiprocess.mark_process_dead(pid, folder)
+    return sorted(dead)
 
 
 def metric(
@@ -77,6 +164,7 @@ def metric(
     *,
     kind: str,
     registry: CollectorRegistry,
+    per_process: bool = False,
     **options: Any,
 ) -> Any:
     """Create one family in ``registry``: a ``prometheus_client`` Counter, Gauge or Histogram.
@@ -87,8 +175,16 @@ def metric(
         labels: its label names.
         kind: :data:`COUNTER`, :data:`GAUGE` or :data:`HISTOGRAM`.
         registry: where it is registered.
-        **options: passed on (``buckets=`` of a histogram).
+        per_process: a gauge of this process's own values in every mode
+            (:class:`ProcessGauge`), not summed over ``--workers``.
+        **options: passed on (``buckets=`` of a histogram, ``multiprocess_mode=`` of a gauge).
     """
+    if per_process:
+        if kind != GAUGE:
+            raise ValueError(f"{name}: only a gauge can be per process, not a {kind}")
+        gauge = ProcessGauge(name, documentation, labels)
+        registry.register(gauge)
+        return gauge
     return _KINDS[kind](name, documentation, labels, registry=registry, **options)
 
 
@@ -99,12 +195,15 @@ class GatewayMetrics:
     upstreams in and out (``upstream_up``) and calls sent again (``retries``).
 
     Attributes:
-        registry: the ``CollectorRegistry`` ``/metrics`` renders.
+        registry: the ``CollectorRegistry`` of this process's families (what ``/metrics``
+            renders with one worker).
+        multiproc_dir: the workers' multiprocess folder (:data:`MULTIPROC_ENV`), or ``None``.
     """
 
     def __init__(self) -> None:
         disable_created_metrics()  # no *_created series: the gateway is a process of its own
         self.registry = CollectorRegistry(auto_describe=True)
+        self.multiproc_dir = os.environ.get(MULTIPROC_ENV)
 
         def family(name: str, documentation: str, *labels: str, kind: str, **options: Any) -> Any:
             return metric(name, documentation, labels, kind=kind, registry=self.registry, **options)
@@ -135,13 +234,18 @@ class GatewayMetrics:
             kind="counter",
         )
         self.in_flight = family(
-            "triton_embed_gateway_in_flight", "Requests in the gateway now.", kind="gauge"
+            "triton_embed_gateway_in_flight",
+            "Requests in the gateway now.",
+            kind="gauge",
+            multiprocess_mode="livesum",
         )
         self.upstream_up = family(
             "triton_embed_gateway_upstream_up",
-            "1 while the upstream (ip:port) is ready and used, 0 while it is taken out.",
+            "1 while the upstream (ip:port) is ready and used, 0 while it is taken out (with "
+            "--workers N: as the worker answering the scrape sees it; each checks every 2 s).",
             "upstream",
             kind="gauge",
+            per_process=True,
         )
         self.retries = family(
             "triton_embed_gateway_upstream_retries_total",
@@ -236,5 +340,11 @@ class GatewayMetrics:
             pass
 
     def render(self) -> tuple[bytes, str]:
-        """The exposition text and its content type."""
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        """The exposition text and its content type: every worker's with ``--workers N``."""
+        if self.multiproc_dir is None:
+            return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        reap_dead_workers(self.multiproc_dir)
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, self.multiproc_dir)
+        registry.register(self.upstream_up)
+        return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -9,6 +9,10 @@ second. A refused request is answered 429 with ``Retry-After``: the whole second
 bucket is above 0 again (at least 1). Over a long run a tenant is served at most
 ``tokens_per_minute`` plus one ``burst``, plus what its requests in flight at the moment it
 ran dry carry (bounded by its ``max_concurrency``).
+
+:class:`TokenBucket` keeps its level in the process (one worker); with ``--workers N`` the
+workers share one bucket per tenant in :mod:`~triton_embed_server.gateway.shared`, with the
+same arithmetic (:func:`refilled`, :func:`wait_s`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,18 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+
+
+def refilled(level: float, elapsed_s: float, rate_per_s: float, burst: float) -> float:
+    """A bucket's level ``elapsed_s`` seconds after it was ``level``, refilled up to ``burst``."""
+    return min(burst, level + max(0.0, elapsed_s) * rate_per_s)
+
+
+def wait_s(level: float, rate_per_s: float) -> int:
+    """0 when a bucket at ``level`` lets a request go, else whole seconds until it does (>= 1)."""
+    if level > 0:
+        return 0
+    return max(1, math.ceil((1.0 - level) / rate_per_s))
 
 
 class TokenBucket:
@@ -45,15 +61,13 @@ class TokenBucket:
 
     def _refill(self) -> None:
         now = self.clock()
-        self.level = min(self.burst, self.level + (now - self.updated) * self.rate_per_s)
+        self.level = refilled(self.level, now - self.updated, self.rate_per_s, self.burst)
         self.updated = now
 
     def retry_after_s(self) -> int:
         """0 when a request may go now, else the whole seconds until it may (>= 1)."""
         self._refill()
-        if self.level > 0:
-            return 0
-        return max(1, math.ceil((1.0 - self.level) / self.rate_per_s))
+        return wait_s(self.level, self.rate_per_s)
 
     def charge(self, tokens: int) -> None:
         """Take ``tokens`` served (the level may go below 0)."""

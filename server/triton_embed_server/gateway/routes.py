@@ -3,7 +3,8 @@
 :func:`build_app` puts each route's handler behind :meth:`~.app.Gateway.endpoint` (what every
 request goes through); :func:`create_app` builds the gateway of the settings in the process
 that serves (keys read there; the upstream pool, and the tenants file's watcher and
-``SIGHUP`` handler, start and stop with the app).
+``SIGHUP`` handler, start and stop with the app; with ``--workers N`` each worker opens the
+workers' shared store there, :mod:`~triton_embed_server.gateway.shared`).
 
 ==========================  ======  =====================================================
 route                       API     handler
@@ -66,6 +67,7 @@ from triton_embed_server.gateway.errors import (
 from triton_embed_server.gateway.folder_facts import folder_facts
 from triton_embed_server.gateway.metrics import GatewayMetrics
 from triton_embed_server.gateway.settings import GatewaySettings, configure_logging
+from triton_embed_server.gateway.shared import SharedStore
 from triton_embed_server.gateway.tracing import tracing_of
 
 log = logging.getLogger("triton_embed.gateway")
@@ -167,6 +169,7 @@ def create_app(settings: GatewaySettings) -> Starlette:
     """
     metrics = GatewayMetrics()
     admin_key = settings.admin_key()
+    store = None if settings.shared_dir is None else SharedStore(settings.shared_dir)
     pool = UpstreamPool(
         settings.targets,
         admin_key=admin_key,
@@ -176,7 +179,8 @@ def create_app(settings: GatewaySettings) -> Starlette:
         calls_per_model=settings.max_upstream_calls,
     )
     tracing = tracing_of(settings.otlp_endpoint)
-    gateway = Gateway(settings, pool, metrics, None, settings.tenant_registry(), admin_key, tracing)
+    tenants = settings.tenant_registry(store)
+    gateway = Gateway(settings, pool, metrics, None, tenants, admin_key, tracing, store)
     protocol.configure(
         settings.header_timeout_s,
         on_refused=lambda status: metrics.observe(
@@ -213,6 +217,8 @@ def create_app(settings: GatewaySettings) -> Starlette:
             await pool.stop()
             if tracing is not None:
                 tracing.shutdown()  # exports the spans still buffered
+            if store is not None:
+                store.close()
 
     return build_app(gateway, lifespan=lifespan)
 

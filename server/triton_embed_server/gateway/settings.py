@@ -14,6 +14,7 @@ import json
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from triton_embed.admin import read_admin_key, read_key_file
 from triton_embed.client import DEFAULT_MODEL
@@ -25,6 +26,9 @@ from triton_embed_server.gateway.protocol import DEFAULT_HEADER_TIMEOUT_S
 from triton_embed_server.gateway.tenancy import TenantRegistry
 from triton_embed_server.run.trace_args import otlp_traces_url
 from triton_embed_server.steps.config import CHARS_PER_TOKEN_CAP
+
+if TYPE_CHECKING:
+    from triton_embed_server.gateway.shared import SharedStore
 
 #: The shipped model's token budget per text (``model_repository/embed``: ``max_length``).
 SHIPPED_MAX_LENGTH = 256
@@ -57,6 +61,10 @@ DEFAULT_MAX_REQUEST_TOKENS = 2**17
 DEFAULT_MAX_UPSTREAM_REQUESTS = 64
 #: Seconds a request's body may take beyond its size's share (``--body-timeout-s``).
 DEFAULT_BODY_TIMEOUT_S = 20.0
+
+
+#: The settings fields no flag sets: the command fills them in (``--workers N``).
+NOT_FLAGS = frozenset({"shared_dir"})
 
 
 def configure_logging(level: str) -> None:
@@ -108,6 +116,9 @@ class GatewaySettings:
         timeout_s: deadline of a request's upstream work, seconds: its pieces still running
             then are cancelled and the request is answered 504.
         workers: uvicorn worker processes.
+        shared_dir: the private folder the ``--workers N`` processes share (their limits,
+            usage and metrics, :mod:`~triton_embed_server.gateway.shared`); set by
+            :func:`~triton_embed_server.gateway.command.run`, not a flag; ``None``: one worker.
         log_level: ``critical``, ``error``, ``warning``, ``info`` or ``debug``.
         otlp_endpoint: the OTLP/HTTP URL the request spans are exported to
             (:mod:`~triton_embed_server.gateway.tracing`); ``None``: no tracing at all.
@@ -133,6 +144,7 @@ class GatewaySettings:
     workers: int = 1
     log_level: str = "info"
     otlp_endpoint: str | None = None
+    shared_dir: str | None = None
 
     def __post_init__(self) -> None:
         parse_upstreams(self.upstreams)  # raises ValueError naming a bad entry
@@ -218,16 +230,19 @@ class GatewaySettings:
         """
         return load_api_key(None if self.api_key_file is None else Path(self.api_key_file))
 
-    def tenant_registry(self) -> TenantRegistry:
+    def tenant_registry(self, store: SharedStore | None = None) -> TenantRegistry:
         """The tenants: of :attr:`tenants_file`, else of the API key, else an open gateway.
+
+        Args:
+            store: the workers' shared store (``--workers N``), where the buckets live.
 
         Raises:
             OSError, ValueError: a file cannot be read or is not valid (a tenants file's
                 error names its line, field and reason).
         """
         if self.tenants_file is not None:
-            return TenantRegistry.from_sources(Path(self.tenants_file), None)
-        return TenantRegistry.from_sources(None, self.api_key())
+            return TenantRegistry.from_sources(Path(self.tenants_file), None, store)
+        return TenantRegistry.from_sources(None, self.api_key(), store)
 
     def admin_key(self) -> str | None:
         """The servers' admin key, or ``None`` when none is configured.

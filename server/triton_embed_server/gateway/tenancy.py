@@ -15,7 +15,9 @@ The file is read again on ``SIGHUP`` and when its modification time changes (che
 :data:`WATCH_INTERVAL_S` seconds). A reload swaps the whole table at once: a request holds
 the :class:`~.tenants.Tenant` it was identified as until it is answered, so none in flight
 is dropped or changed; a tenant keeps its bucket's level across reloads (by name). A bad
-file is refused with its line and reason in the log, and the tenants in force stay.
+file is refused with its line and reason in the log, and the tenants in force stay. With
+``--workers N`` each worker reads the file itself and the buckets are the workers' shared
+ones (:mod:`~triton_embed_server.gateway.shared`): a tenant's rate holds for the gateway.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from triton_embed_server.gateway.errors import Forbidden, RateLimited, Unauthorized, quote
 from triton_embed_server.gateway.quota import TokenBucket
@@ -38,6 +41,9 @@ from triton_embed_server.gateway.tenants import (
     load_tenants,
     open_tenants,
 )
+
+if TYPE_CHECKING:
+    from triton_embed_server.gateway.shared import SharedStore, SharedTokenBucket
 
 log = logging.getLogger("triton_embed.gateway")
 
@@ -60,6 +66,9 @@ class TenantRegistry:
         tenants: the tenants to start with.
         path: the tenants file (``None``: no file, nothing to reload).
         clock: monotonic seconds for the buckets (tests pass their own).
+        store: the store the ``--workers`` processes share
+            (:class:`~triton_embed_server.gateway.shared.SharedStore`): the buckets live
+            there, one per tenant for the whole gateway; ``None``: in this process.
     """
 
     def __init__(
@@ -67,24 +76,33 @@ class TenantRegistry:
         tenants: Tenants,
         path: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
+        store: SharedStore | None = None,
     ):
         self.tenants = tenants
         self.path = path
         self.clock = clock
-        self.buckets: dict[str, TokenBucket] = {}
+        self.store = store
+        self.buckets: dict[str, TokenBucket | SharedTokenBucket] = {}
         self._mtime = self._file_mtime()
         self._sync_buckets()
 
     @classmethod
-    def from_sources(cls, tenants_file: Path | None, api_key: str | None) -> TenantRegistry:
+    def from_sources(
+        cls, tenants_file: Path | None, api_key: str | None, store: SharedStore | None = None
+    ) -> TenantRegistry:
         """The tenants of ``--tenants``, else of ``--api-key-file``'s key, else an open gateway.
+
+        Args:
+            tenants_file: the tenants file, or ``None``.
+            api_key: the one key of ``--api-key-file``, or ``None``.
+            store: where the buckets live with ``--workers N`` (``None``: in this process).
 
         Raises:
             TenantsFileError: the file cannot be read or is not valid (line and reason).
         """
         if tenants_file is not None:
-            return cls(load_tenants(tenants_file), tenants_file)
-        return cls(key_tenants(api_key) if api_key else open_tenants())
+            return cls(load_tenants(tenants_file), tenants_file, store=store)
+        return cls(key_tenants(api_key) if api_key else open_tenants(), store=store)
 
     @property
     def enabled(self) -> bool:
@@ -111,7 +129,9 @@ class TenantRegistry:
                 continue
             burst = tenant.burst or tenant.tokens_per_minute
             bucket = self.buckets.get(name)
-            if bucket is None:
+            if bucket is None and self.store is not None:
+                bucket = self.store.bucket(name, tenant.tokens_per_minute, burst)
+            elif bucket is None:
                 bucket = TokenBucket(tenant.tokens_per_minute, burst, self.clock)
             else:
                 bucket.reconfigure(tenant.tokens_per_minute, burst)

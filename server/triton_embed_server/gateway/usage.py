@@ -6,8 +6,9 @@ CSV, JSON otherwise), which ``triton-embed usage`` calls. Cost is tokens x the t
 file's ``usd_per_million_tokens`` / 10^6 (docs/operations.md, "Cost per million tokens",
 gives the figure: hourly price / tokens per second). The ledger keeps the last
 :data:`KEEP_HOURS` hours; for longer history scrape the Prometheus counters
-(``triton_embed_gateway_tenant_tokens_total``). With ``--workers N`` each worker keeps its
-own ledger.
+(``triton_embed_gateway_tenant_tokens_total``). With ``--workers N`` the workers keep one
+table in their shared store (:class:`~triton_embed_server.gateway.shared.SharedUsageLedger`),
+so whichever worker answers, the route gives the sum of all of them.
 """
 
 from __future__ import annotations
@@ -56,18 +57,22 @@ class UsageLedger:
         row.texts += texts
         row.tokens += tokens
 
+    def table(self) -> list[tuple[str, int, int, int, int]]:
+        """``(tenant, hour, requests, texts, tokens)``, by tenant then hour (hours since 1970)."""
+        return [(t, h, r.requests, r.texts, r.tokens) for (t, h), r in sorted(self._rows.items())]
+
     def rows(self, usd_per_million_tokens: float) -> list[dict]:
         """The table, by tenant then hour: ``hour`` is ISO 8601 UTC (``2026-12-07T11:00:00Z``)."""
         out = []
-        for (tenant, hour), row in sorted(self._rows.items()):
+        for tenant, hour, requests, texts, tokens in self.table():
             out.append(
                 {
                     "tenant": tenant,
                     "hour": datetime.fromtimestamp(hour * 3600, UTC).strftime("%Y-%m-%dT%H:00:00Z"),
-                    "requests": row.requests,
-                    "texts": row.texts,
-                    "tokens": row.tokens,
-                    "cost_usd": round(row.tokens * usd_per_million_tokens / 1e6, 9),
+                    "requests": requests,
+                    "texts": texts,
+                    "tokens": tokens,
+                    "cost_usd": round(tokens * usd_per_million_tokens / 1e6, 9),
                 }
             )
         return out

@@ -259,3 +259,52 @@ def test_the_gateway_refuses_what_a_hybrid_model_does_not_do(gateway):
     headers = {"Authorization": f"Bearer {API_KEY}"}
     models = requests.get(f"{gateway.base_url}/v1/models", headers=headers, timeout=60).json()
     assert {m["id"]: m["kind"] for m in models["data"]}["m3"] == "hybrid"
+
+
+@pytest.mark.parametrize("output_kind", ["dense", "sparse", "tokens"])
+def test_the_bulk_job_writes_each_heads_shards_as_the_client_gets_them(
+    server, tmp_path, output_kind
+):
+    import json
+    import os
+
+    import pyarrow.parquet as pq
+    from triton_embed import EmbeddingClient
+    from triton_embed.bulk import shards
+
+    texts = sample_texts()
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts)))
+    out = tmp_path / output_kind
+    flags = [] if output_kind == "dense" else ["--output-kind", output_kind]
+    env = {**os.environ, "TRITON_EMBED_ADMIN_KEY": server.admin_key}  # the configs are read
+    proc = subprocess.run(
+        [*CLI, "embed", str(corpus), "-o", str(out), "--url", server.grpc_url, "--model", "m3",
+         "--shard-rows", "3", "--no-progress", *flags],
+        capture_output=True, text=True, timeout=600, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    cli("verify", str(out), str(corpus))
+    table = pq.read_table(out).sort_by("id")
+    column = {"dense": "embedding", "sparse": "sparse", "tokens": "tokens"}[output_kind]
+    assert shards.read_manifest(out)["kind"] == {"dense": "embedding", "sparse": "sparse",
+                                                 "tokens": "multivector"}[output_kind]  # fmt: skip
+    with EmbeddingClient(server.grpc_url, admin_key=server.admin_key, model="m3") as c:
+        if output_kind == "dense":  # input_type=document: BGE-M3 has no prompt, as none
+            want = c.embed_with_details(texts)
+            got = np.array(table.column(column).to_pylist(), np.float32)
+            np.testing.assert_allclose(got, want.embeddings, rtol=RTOL, atol=ATOL)
+            assert table.column("num_tokens").to_pylist() == want.num_tokens.tolist()
+        elif output_kind == "sparse":
+            want = c.embed_sparse(texts)
+            for row, idx, val in zip(table.column(column).to_pylist(), want.indices,
+                                     want.weights, strict=True):  # fmt: skip
+                assert [e["index"] for e in row] == idx.tolist()
+                got = np.array([e["value"] for e in row], np.float32)
+                np.testing.assert_allclose(got, val, rtol=RTOL, atol=ATOL)
+        else:
+            want = c.embed_tokens(texts)
+            for row, matrix in zip(table.column(column).to_pylist(), want, strict=True):
+                got = np.array(row, np.float32).reshape(matrix.shape)
+                np.testing.assert_allclose(got, matrix, rtol=RTOL, atol=ATOL)
+            assert table.column("num_tokens").to_pylist() == [len(m) for m in want]

@@ -211,3 +211,16 @@ def test_bytes_elements_round_trip_decoded_texts():
     assert [
         bytes(e).decode() for e in bytes_elements(frame_bytes(t.encode() for t in texts), 3)
     ] == texts
+
+
+def test_the_tokenizer_config_declares_the_decode_tensors():
+    from triton_embed.decode_options import DECODE_INPUT, DECODE_OUTPUT
+    from triton_embed_server.models.instance_group import read_config_pbtxt
+
+    from tests.helpers import REPO_ROOT
+
+    config = read_config_pbtxt(REPO_ROOT / "model_repository" / "tokenizer" / "config.pbtxt")
+    inputs = {i["name"]: i for i in config["input"]}
+    assert inputs[DECODE_INPUT]["data_type"] == "TYPE_STRING" and inputs[DECODE_INPUT]["optional"]
+    assert inputs["TEXT"]["optional"]  # the ensemble sends TEXT; a decode request does not
+    assert DECODE_OUTPUT in {o["name"] for o in config["output"]}

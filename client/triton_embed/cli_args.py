@@ -257,6 +257,28 @@ def add_sparse_option_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+#: The values of ``--output-kind`` (:class:`triton_embed.bulk.kinds.OutputKind`'s).
+OUTPUT_KINDS = ("dense", "sparse", "tokens")
+
+
+def add_output_kind_arg(p: argparse.ArgumentParser) -> None:
+    """``--output-kind dense|sparse|tokens``: the head of a hybrid model a bulk job writes.
+
+    Default ``None``: a hybrid model's dense vectors; another model takes only its own kind
+    (:func:`triton_embed.bulk.kinds.model_view`).
+    """
+    p.add_argument(
+        "--output-kind",
+        choices=OUTPUT_KINDS,
+        type=str.lower,
+        default=None,
+        help="a hybrid model (BGE-M3): the vectors to write, dense (column 'embedding'), "
+        "sparse (column 'sparse') or tokens (its ColBERT vectors, column 'tokens'); only that "
+        "head is computed (default: dense, as 'embed' of the client and /v1/embeddings give). "
+        "Other models write their own kind",
+    )
+
+
 def add_connection_args(p: argparse.ArgumentParser, embedding_type: bool = False) -> None:
     """The server, model, deadline, request options and retries of a command that embeds.
 

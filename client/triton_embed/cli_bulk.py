@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from triton_embed.cli_args import add_sparse_option_args, positive_int
+from triton_embed.cli_args import add_output_kind_arg, add_sparse_option_args, positive_int
 from triton_embed.errors import EmbedClientError, InvalidInputError
 from triton_embed.options import RequestOptions
 
@@ -37,10 +37,11 @@ DEFAULT_SHARD_ROWS = 10_000
 def add_bulk_args(p: argparse.ArgumentParser) -> None:
     """The ``embed`` flags of the streaming output.
 
-    A sparse model's ``--top-k`` and ``--threshold`` are among them: only an output folder
-    holds sparse vectors.
+    A sparse model's ``--top-k`` and ``--threshold`` are among them, and a hybrid model's
+    ``--output-kind``: only an output folder holds sparse or token vectors.
     """
     add_sparse_option_args(p)
+    add_output_kind_arg(p)
     p.add_argument(
         "--shard-rows",
         type=positive_int,
@@ -107,6 +108,7 @@ def run_bulk(args: argparse.Namespace, options: RequestOptions, key: str | None,
     """
     from triton_embed.admin import read_admin_key
     from triton_embed.bulk.job import BulkJob
+    from triton_embed.bulk.kinds import OutputKind
     from triton_embed.bulk.pool_embedder import BULK_RETRY
     from triton_embed.bulk.settings import JobSettings
     from triton_embed.bulk.sources import InputError
@@ -117,6 +119,7 @@ def run_bulk(args: argparse.Namespace, options: RequestOptions, key: str | None,
         model=args.model,
         options=options,
         sparse=SparseOptions(top_k=args.top_k, threshold=args.threshold),
+        output=OutputKind.parse(args.output_kind),
         shard_rows=args.shard_rows,
         include_text=args.include_text,
         concurrency=args.concurrency,
@@ -163,7 +166,9 @@ def run_bulk(args: argparse.Namespace, options: RequestOptions, key: str | None,
         )
         return summary
     retried = f"; {summary['retries']} requests sent again" if summary["retries"] else ""
-    vectors = "sparse" if summary["kind"] == "sparse" else f"dim {summary['dim']}"
+    vectors = {"sparse": "sparse", "multivector": f"token vectors of dim {summary['dim']}"}.get(
+        summary["kind"], f"dim {summary['dim']}"
+    )
     print(
         f"embedded {summary['texts']} texts ({summary['tokens']} tokens, {vectors}) "
         f"in {summary['seconds']:.2f} s: {summary['texts_per_s']:.1f} texts/s, "

@@ -183,7 +183,8 @@ def run_embed(args: argparse.Namespace) -> dict:
     for flag, given in (("--include-text", args.include_text), ("--overwrite", args.overwrite),
                         ("--format parquet", args.format == "parquet"),
                         ("--top-k", args.top_k is not None),
-                        ("--threshold", args.threshold is not None)):  # fmt: skip
+                        ("--threshold", args.threshold is not None),
+                        ("--output-kind", args.output_kind is not None)):  # fmt: skip
         if given:
             raise EmbedClientError(f"{flag} needs an output folder (-o DIR), not a .npy file")
     if "," in args.url:

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from triton_embed.admin import grpc_headers
+from triton_embed.decode_client import TokenDecoding
 from triton_embed.errors import (
     AccessDeniedError,
     EmbedClientError,
@@ -135,7 +136,7 @@ def _check_arguments(timeout_s: float, max_concurrency: int, batch_size: int | N
     return concurrency
 
 
-class EmbeddingClient(ChannelOwner, Reranking, SparseEmbedding, TokenEmbedding):
+class EmbeddingClient(ChannelOwner, Reranking, SparseEmbedding, TokenEmbedding, TokenDecoding):
     """Embeds texts with a running ``embed`` ensemble, and reranks with a reranker ensemble.
 
     :meth:`rerank` (:class:`~triton_embed.reranking.Reranking`) scores documents against a
@@ -143,7 +144,8 @@ class EmbeddingClient(ChannelOwner, Reranking, SparseEmbedding, TokenEmbedding):
     :meth:`embed_sparse` (:class:`~triton_embed.sparse_client.SparseEmbedding`) gives sparse
     vectors from a sparse (SPLADE) ensemble (docs/sparse.md); :meth:`embed_tokens`
     (:class:`~triton_embed.multivector_client.TokenEmbedding`) one vector per token from a
-    multi-vector (ColBERT, or hidden states) ensemble.
+    multi-vector (ColBERT, or hidden states) ensemble; :meth:`decode`
+    (:class:`~triton_embed.decode_client.TokenDecoding`) token IDs back to text.
 
     Args:
         url: gRPC endpoint ``host:port``, without a scheme (Triton's default gRPC port is

@@ -164,8 +164,9 @@ def map_error(
 
 
 #: How the server names one of the caller's items in a request: ``texts`` by "text N", the
-#: ``documents`` of a rerank call by "pair N" (one query-document pair per document).
-_UNITS = {"texts": "text", "documents": "pair"}
+#: ``documents`` of a rerank call by "pair N" (one query-document pair per document), the
+#: ``ids`` of a decode call by "sequence N".
+_UNITS = {"texts": "text", "documents": "pair", "ids": "sequence"}
 
 
 def _invalid_input(

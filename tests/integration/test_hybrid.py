@@ -259,3 +259,117 @@ def test_the_gateway_refuses_what_a_hybrid_model_does_not_do(gateway):
     headers = {"Authorization": f"Bearer {API_KEY}"}
     models = requests.get(f"{gateway.base_url}/v1/models", headers=headers, timeout=60).json()
     assert {m["id"]: m["kind"] for m in models["data"]}["m3"] == "hybrid"
+
+
+@pytest.mark.parametrize("output_kind", ["dense", "sparse", "tokens"])
+def test_the_bulk_job_writes_each_heads_shards_as_the_client_gets_them(
+    server, tmp_path, output_kind
+):
+    import json
+    import os
+
+    import pyarrow.parquet as pq
+    from triton_embed import EmbeddingClient
+    from triton_embed.bulk import shards
+
+    texts = sample_texts()
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts)))
+    out = tmp_path / output_kind
+    flags = [] if output_kind == "dense" else ["--output-kind", output_kind]
+    env = {**os.environ, "TRITON_EMBED_ADMIN_KEY": server.admin_key}  # the configs are read
+    proc = subprocess.run(
+        [*CLI, "embed", str(corpus), "-o", str(out), "--url", server.grpc_url, "--model", "m3",
+         "--shard-rows", "3", "--no-progress", *flags],
+        capture_output=True, text=True, timeout=600, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    cli("verify", str(out), str(corpus))
+    table = pq.read_table(out).sort_by("id")
+    column = {"dense": "embedding", "sparse": "sparse", "tokens": "tokens"}[output_kind]
+    assert shards.read_manifest(out)["kind"] == {"dense": "embedding", "sparse": "sparse",
+                                                 "tokens": "multivector"}[output_kind]  # fmt: skip
+    with EmbeddingClient(server.grpc_url, admin_key=server.admin_key, model="m3") as c:
+        if output_kind == "dense":  # input_type=document: BGE-M3 has no prompt, as none
+            want = c.embed_with_details(texts)
+            got = np.array(table.column(column).to_pylist(), np.float32)
+            np.testing.assert_allclose(got, want.embeddings, rtol=RTOL, atol=ATOL)
+            assert table.column("num_tokens").to_pylist() == want.num_tokens.tolist()
+        elif output_kind == "sparse":
+            want = c.embed_sparse(texts)
+            for row, idx, val in zip(table.column(column).to_pylist(), want.indices,
+                                     want.weights, strict=True):  # fmt: skip
+                assert [e["index"] for e in row] == idx.tolist()
+                got = np.array([e["value"] for e in row], np.float32)
+                np.testing.assert_allclose(got, val, rtol=RTOL, atol=ATOL)
+        else:
+            want = c.embed_tokens(texts)
+            for row, matrix in zip(table.column(column).to_pylist(), want, strict=True):
+                got = np.array(row, np.float32).reshape(matrix.shape)
+                np.testing.assert_allclose(got, matrix, rtol=RTOL, atol=ATOL)
+            assert table.column("num_tokens").to_pylist() == [len(m) for m in want]
+
+
+def reference_tokenizer(folder):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(folder / "tokenizer.json"))
+
+
+def test_the_gateway_decodes_sparse_indices_and_token_ids_as_the_tokenizer(gateway, folder):
+    tokenizer = reference_tokenizer(folder)
+    texts = sample_texts()
+    ids = [tokenizer.encode(t).ids for t in texts]
+    r = post(gateway, "/decode", {"ids": ids, "model": "m3"})
+    assert r.status_code == 200, r.text
+    assert r.json() == [tokenizer.decode(i, skip_special_tokens=True) for i in ids]
+    r = post(gateway, "/decode", {"ids": ids[0], "skip_special_tokens": False, "model": "m3"})
+    assert r.json() == [tokenizer.decode(ids[0], skip_special_tokens=False)]
+    assert r.json()[0].startswith("<s>")
+    sparse = post(gateway, "/embed_sparse", {"inputs": texts[:2], "model": "m3", "truncate": True})
+    indices = [e["index"] for e in sparse.json()[0]]
+    r = post(gateway, "/decode", {"ids": [[i] for i in indices], "model": "m3"})
+    assert r.status_code == 200 and len(indices) > 3, r.text
+    assert r.json() == [tokenizer.decode([i]) for i in indices]  # one token per index
+
+
+def test_the_gateway_refuses_ids_outside_the_vocabulary_naming_it(gateway, folder):
+    vocab = reference_tokenizer(folder).get_vocab_size(with_added_tokens=True)
+    r = post(gateway, "/decode", {"ids": [[5, 6], [7, vocab]], "model": "m3"})
+    assert r.status_code == 400, r.text
+    assert (
+        f"sequence 1 has token ID {vocab} at position 1, outside the vocabulary [0, {vocab})"
+        in r.json()["error"]
+    )
+    r = post(gateway, "/decode", {"ids": [[-1]], "model": "m3"})
+    assert r.status_code == 400 and "ids[0][0] is -1, not a token ID" in r.json()["error"]
+
+
+def test_the_client_decodes_and_the_step_answers_over_kserve(server, client, folder):
+    from triton_embed import EmbeddingClient
+    from triton_embed.errors import InvalidInputError
+
+    tokenizer = reference_tokenizer(folder)
+    ids = [tokenizer.encode(t).ids for t in sample_texts()] * 10  # 80: two requests of 64
+    with EmbeddingClient(server.grpc_url, admin_key=server.admin_key, model="m3") as c:
+        assert c.decode(ids) == [tokenizer.decode(i) for i in ids]
+        assert c.decode(ids[:2], skip_special_tokens=False) == [
+            tokenizer.decode(i, skip_special_tokens=False) for i in ids[:2]
+        ]
+        with pytest.raises(InvalidInputError) as err:
+            c.decode([[5]] * 70 + [[1 << 30]])
+        assert err.value.index == 70
+        assert "ids[70] was rejected: sequence 6 has token ID 1073741824" in str(err.value)
+    # the step itself: DECODE_IDS in, DECODED out; neither input is refused alone
+    payloads = codec.encode_token_ids(ids[:2]).reshape(-1, 1)
+    tensor = grpcclient.InferInput("DECODE_IDS", list(payloads.shape), "BYTES")
+    tensor.set_data_from_numpy(payloads)
+    result = client.infer("m3_tokenizer", [tensor],
+                          outputs=[grpcclient.InferRequestedOutput("DECODED")])  # fmt: skip
+    got = [bytes(t).decode() for t in result.as_numpy("DECODED").reshape(-1)]
+    assert got == [tokenizer.decode(i) for i in ids[:2]]
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("m3_tokenizer", [], outputs=[grpcclient.InferRequestedOutput("DECODED")])
+    assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
+    got, _ = infer(client, ["a text"], outputs="dense")  # the ensemble is unaffected
+    assert len(got["EMBEDDING"][0]) == 4 * HIDDEN_SIZE

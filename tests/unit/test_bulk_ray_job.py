@@ -65,6 +65,7 @@ def test_defaults_are_the_clis_and_a_corpus_is_documents(monkeypatch, tmp_path, 
         "id_column": "id",
         "include_text": False,
         "node_local_port": None,
+        "output_kind": None,  # a hybrid model: its dense vectors
         "admin_key": DRIVER_KEY,  # the driver's key travels to the actors
         "input_type": "document",
     }
@@ -96,6 +97,7 @@ def test_every_flag_reaches_the_actors(monkeypatch, tmp_path):
         "id_column": "key",
         "include_text": True,
         "node_local_port": 8001,
+        "output_kind": None,
         "admin_key": DRIVER_KEY,
         "truncation": "CHUNK",
         "allow_empty": True,

@@ -222,7 +222,7 @@ def test_a_model_that_became_another_kind_is_refused_on_resume(
     pool = BulkPool(models=(dense,))
     assert embed(monkeypatch, pool, corpus, out) == 1
     err = capsys.readouterr().err
-    assert "holds 1 shards of sparse vectors and model 'splade' is now of kind embedding" in err
+    assert "holds 1 shards of sparse vectors and model 'splade' now gives embedding vectors" in err
     assert "'embedding' column" in err and "--overwrite" in err
     assert pool.calls == []
 

@@ -239,5 +239,5 @@ def test_the_bulk_job_refuses_a_reranker_by_name(monkeypatch, tmp_path, capsys):
     assert main(argv) == 1
     assert (
         "model 'rerank' is a reranker; the bulk job writes the vectors of an embedding, a "
-        "sparse or a multi-vector model: pass --model the name of one"
+        "sparse, a multi-vector or a hybrid model: pass --model the name of one"
     ) in capsys.readouterr().err

@@ -6,8 +6,10 @@ requests of the ensemble's ``max_batch_size`` (or ``batch_size``), sent with at 
 the answers are written in input order as shards of ``shard_rows`` rows (:mod:`.shards`).
 What is held at once is one shard's rows plus the requests in flight, whatever the corpus
 size. The vector column follows the model's kind (:mod:`.kinds`): ``embedding`` for an
-embedding model, ``sparse`` for a sparse one; the manifest records it (``kind``) once the
-model is known, and a rerun against a model of the other kind is refused.
+embedding model, ``sparse`` for a sparse one, ``tokens`` for a multi-vector one, and for a
+hybrid model that of the head ``--output-kind`` picks (dense by default); the manifest
+records it (``kind``: the kind of vectors written) once the model is known, and a rerun that
+would write another kind is refused.
 
 Resuming: the manifest records the job (:func:`job_identity`: the input's fingerprint, the
 model, the request options of both kinds, the shard size, the columns) and each finished
@@ -279,6 +281,7 @@ class BulkJob:
                 settings.model,
                 settings.options,
                 sparse=settings.sparse,
+                output=settings.output,
                 timeout_s=settings.timeout_s,
                 admin_key=settings.admin_key,
                 retry=settings.retry,
@@ -292,7 +295,10 @@ class BulkJob:
             bar.close()
 
     def _settle_kind(self, info: ModelInfo) -> None:
-        """Record the model's kind in the manifest; refuse one other than the shards' kind.
+        """Record the kind of vectors written in the manifest; refuse another than the shards'.
+
+        Args:
+            info: the model as the job writes it (a hybrid model's view: its head's kind).
 
         Raises:
             JobMismatchError: shards of the other kind are written (an output folder holds
@@ -303,9 +309,9 @@ class BulkJob:
         if manifest["shards"] and written != kind.value:
             raise JobMismatchError(
                 f"{self.out_dir} holds {len(manifest['shards'])} shards of {written} vectors "
-                f"and model {self.settings.model!r} is now of kind {kind.value} (it writes a "
-                f"{COLUMNS[kind]!r} column). Name another -o folder, or pass --overwrite to "
-                "replace them"
+                f"and model {self.settings.model!r} now gives {kind.value} vectors (a "
+                f"{COLUMNS[kind]!r} column; of a hybrid model, --output-kind picks them). Name "
+                "another -o folder, or pass --overwrite to replace them"
             )
         if manifest.get("kind") != kind.value:
             manifest["kind"] = kind.value

@@ -9,6 +9,16 @@ The job learns the kind from the servers' model configs
 and checked against it once the model is known
 (:func:`request_options`): a flag of the other kind is refused, naming it.
 
+A hybrid model (BGE-M3: dense, sparse and ColBERT heads from one forward pass) writes the
+vectors of one head, picked by ``--output-kind`` (:class:`OutputKind`: ``dense``, ``sparse``,
+``tokens``): the job sees the model as that kind (:func:`model_view`, the catalog's
+:meth:`~triton_embed.transport.hybrid_info.HybridInfo.view`) and asks the server for that
+head alone (the ``outputs`` request parameter, :func:`request_options`), so the shards have
+the column, Arrow type, resume and verify of that kind's shards. Without ``--output-kind`` a
+hybrid model writes its dense vectors: what ``EmbeddingClient.embed`` and ``/v1/embeddings``
+give for it, and the manifest records the kind written, so resuming with another
+``--output-kind`` is refused.
+
 A multi-vector answer is held as :class:`TokenMatrices` (one offsets array, one
 ``[tokens, dim]`` array), which becomes the ``list<fixed_size_list<float32, dim>>`` column the
 same way. A sparse answer is held as :class:`SparseVectors` (compressed sparse rows: one offsets
@@ -19,16 +29,19 @@ pool (:mod:`~triton_embed.bulk.pool_embedder`) runs without pyarrow.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from triton_embed.errors import InvalidInputError
+from triton_embed.hybrid_options import HybridOptions
 from triton_embed.multivector_options import MultiVectorOptions
 from triton_embed.options import DEFAULT_EMBEDDING_TYPE, RequestOptions, Truncation
 from triton_embed.sparse_options import SparseOptions
-from triton_embed.transport.catalog import ModelKind
+from triton_embed.transport.catalog import ModelInfo, ModelKind
+from triton_embed.transport.hybrid_info import head_options
 
 #: The vector column of each kind the bulk job writes.
 COLUMNS = {
@@ -36,6 +49,72 @@ COLUMNS = {
     ModelKind.SPARSE: "sparse",
     ModelKind.MULTIVECTOR: "tokens",
 }
+
+
+class OutputKind(str, enum.Enum):
+    """The vectors a bulk job writes of a hybrid model (``--output-kind``): one head's."""
+
+    DENSE = "dense"
+    SPARSE = "sparse"
+    TOKENS = "tokens"
+
+    @property
+    def model_kind(self) -> ModelKind:
+        """The kind whose shards it writes (``embedding``, ``sparse``, ``multivector``)."""
+        return _VIEWS[self]
+
+    @classmethod
+    def parse(cls, value: OutputKind | str | None) -> OutputKind | None:
+        """``dense`` / ``sparse`` / ``tokens`` (case-insensitive); ``None`` stays ``None``.
+
+        Raises:
+            InvalidInputError: another value (names it and the allowed ones).
+        """
+        if value is None or isinstance(value, cls):
+            return value
+        try:
+            return cls(str(value).strip().lower())
+        except ValueError:
+            allowed = ", ".join(k.value for k in cls)
+            raise InvalidInputError(f"--output-kind {value!r} is not one of {allowed}") from None
+
+
+_VIEWS = {
+    OutputKind.DENSE: ModelKind.EMBEDDING,
+    OutputKind.SPARSE: ModelKind.SPARSE,
+    OutputKind.TOKENS: ModelKind.MULTIVECTOR,
+}
+#: The output kind of each kind's shards (for the messages).
+OUTPUT_OF = {kind: output for output, kind in _VIEWS.items()}
+
+
+def model_view(info: ModelInfo, output: OutputKind | None, model: str) -> ModelInfo:
+    """The model as the kind of vectors the job writes.
+
+    Args:
+        info: the served model (the catalog's).
+        output: ``--output-kind``; ``None``: a hybrid model's dense vectors.
+        model: its name, for the messages.
+
+    Returns:
+        ``info`` itself, or of a hybrid model its view of ``output``'s kind (its ``head``
+        is the one the requests ask for, its ``dimension`` that head's).
+
+    Raises:
+        InvalidInputError: ``output`` names a kind other than a non-hybrid model's own.
+    """
+    if info.kind is ModelKind.HYBRID:
+        return info.view((output or OutputKind.DENSE).model_kind)  # type: ignore[attr-defined]
+    if output is not None and info.kind in OUTPUT_OF and output.model_kind is not info.kind:
+        own = OUTPUT_OF[info.kind].value
+        article = "an" if info.kind is ModelKind.EMBEDDING else "a"
+        raise InvalidInputError(
+            f"--output-kind {output.value} picks one head of a hybrid model (BGE-M3); "
+            f"{model!r} is {article} {info.kind.value} model, which writes {own} vectors only "
+            f"(column {COLUMNS[info.kind]!r}): leave --output-kind out (or pass {own}), or "
+            "pass --model a hybrid model"
+        )
+    return info
 
 
 @dataclass(frozen=True)
@@ -176,26 +255,60 @@ def _dense_flags(options: RequestOptions) -> list[str]:
 
 
 def request_options(
-    kind: ModelKind, model: str, options: RequestOptions, sparse: SparseOptions
-) -> RequestOptions | SparseOptions | MultiVectorOptions:
+    kind: ModelKind,
+    model: str,
+    options: RequestOptions,
+    sparse: SparseOptions,
+    head: str | None = None,
+) -> RequestOptions | SparseOptions | MultiVectorOptions | HybridOptions:
     """The options each request of the job sends to a model of ``kind``.
 
     Args:
-        kind: the model's kind (an embedding or a sparse model).
+        kind: the kind of vectors written (of a hybrid model, its view's:
+            :func:`model_view`).
         model: its name, for the messages.
         options: the text options and an embedding model's (``--dimensions``,
             ``--embedding-type``, ``--normalize``).
         sparse: a sparse model's own (``top_k``, ``threshold``; its text options unused).
+        head: a hybrid model's head the job writes (``dense``, ``sparse``, ``colbert``: the
+            view's ``head``); ``None``: not a hybrid model.
 
     Returns:
         ``options`` for an embedding model; for a sparse model, a
         :class:`~triton_embed.sparse_options.SparseOptions` of ``options``' text options
-        with ``sparse``'s ``top_k`` and ``threshold``.
+        with ``sparse``'s ``top_k`` and ``threshold``; for a multi-vector model, its
+        :class:`~triton_embed.multivector_options.MultiVectorOptions`; with ``head``, a
+        :class:`~triton_embed.hybrid_options.HybridOptions` of those asking for ``head``
+        alone (``outputs``).
 
     Raises:
         InvalidInputError: a flag of the other kind is set (names it and the model's kind),
-            or ``kind`` is neither.
+            a flag a hybrid model does not take (``--dimensions``...), or ``kind`` is
+            none of these.
     """
+    if head is not None:
+        given = _dense_flags(options)
+        if given:
+            raise InvalidInputError(
+                f"{' and '.join(given)} do not apply to a hybrid model; {model!r} is one "
+                "(BGE-M3: its dense vectors are CLS, L2-normalized, float32, full dimension): "
+                f"leave {'it' if len(given) == 1 else 'them'} out"
+            )
+        if head != "sparse":
+            given = [f"--{n.replace('_', '-')}" for n in ("top_k", "threshold")
+                     if getattr(sparse, n) is not None]  # fmt: skip
+            if given:
+                raise InvalidInputError(
+                    f"{' and '.join(given)} cut a hybrid model's sparse vectors; this job "
+                    f"writes its {head} vectors: leave them out, or pass --output-kind sparse"
+                )
+        kind_options = request_options(kind, model, RequestOptions(
+            truncation=options.truncation, allow_empty=options.allow_empty,
+            invalid_utf8=options.invalid_utf8, input_type=options.input_type), sparse)  # fmt: skip
+        try:
+            return head_options(kind_options, head)
+        except ValueError as exc:
+            raise InvalidInputError(f"{exc} (model {model!r} is a hybrid model)") from None
     if kind is ModelKind.EMBEDDING:
         given = [f"--{n.replace('_', '-')}" for n in ("top_k", "threshold")
                  if getattr(sparse, n) is not None]  # fmt: skip
@@ -237,13 +350,7 @@ def request_options(
             )
         except ValueError as exc:
             raise InvalidInputError(f"{exc} (model {model!r} is a multi-vector model)") from None
-    if kind is ModelKind.HYBRID:
-        raise InvalidInputError(
-            f"model {model!r} is a hybrid model (BGE-M3); the bulk job does not choose one of "
-            "its heads yet: use the client library's embed, embed_sparse or embed_tokens with "
-            "it, or pass --model an embedding, a sparse or a multi-vector model"
-        )
     raise InvalidInputError(
         f"model {model!r} is a {kind.value}; the bulk job writes the vectors of an embedding, "
-        "a sparse or a multi-vector model: pass --model the name of one"
+        "a sparse, a multi-vector or a hybrid model: pass --model the name of one"
     )

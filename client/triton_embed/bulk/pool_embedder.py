@@ -11,10 +11,12 @@ queue full, a deadline) is sent again after a jittered exponential wait
 so a bulk job rides out a server restart. Refused input (``INVALID_ARGUMENT``) is never sent
 again.
 
-The model is an embedding ensemble (dense vectors) or a sparse one (SPLADE: per text its
-vocabulary indices and weights, :class:`~triton_embed.bulk.kinds.SparseVectors`); which one
-is read from its config when the pool starts, and the request options are checked against
-it then (:func:`~triton_embed.bulk.kinds.request_options`).
+The model is an embedding ensemble (dense vectors), a sparse one (SPLADE: per text its
+vocabulary indices and weights, :class:`~triton_embed.bulk.kinds.SparseVectors`), a
+multi-vector one (:class:`~triton_embed.bulk.kinds.TokenMatrices`) or a hybrid one (BGE-M3:
+the head ``output`` picks, seen as that kind, :func:`~triton_embed.bulk.kinds.model_view`);
+which one is read from its config when the pool starts, and the request options are checked
+against it then (:func:`~triton_embed.bulk.kinds.request_options`).
 
 :class:`BlockingEmbedder` is the same for synchronous callers (Ray Data actors): the pool
 runs on an event loop in a thread of its own.
@@ -31,7 +33,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from triton_embed.admin import is_refused
-from triton_embed.bulk.kinds import SparseVectors, TokenMatrices, request_options
+from triton_embed.bulk.kinds import (
+    OutputKind,
+    SparseVectors,
+    TokenMatrices,
+    model_view,
+    request_options,
+)
 from triton_embed.codec import decode_embeddings
 from triton_embed.errors import (
     AccessDeniedError,
@@ -40,14 +48,13 @@ from triton_embed.errors import (
     ServerUnavailableError,
     from_transport,
 )
-from triton_embed.multivector_options import MultiVectorOptions
 from triton_embed.options import DEFAULT_EMBEDDING_TYPE, RequestOptions
 from triton_embed.priority import Priority
 from triton_embed.retry import RetryPolicy, is_pool_retryable
 from triton_embed.sparse_options import SparseOptions
 from triton_embed.transport import inference
 from triton_embed.transport.addresses import parse_upstreams
-from triton_embed.transport.catalog import ModelInfo
+from triton_embed.transport.catalog import ModelInfo, ModelKind
 from triton_embed.transport.failures import TransportError
 from triton_embed.transport.priorities import REQUEST_PRIORITY
 from triton_embed.transport.upstreams import UpstreamPool
@@ -84,8 +91,10 @@ class Batch:
 
     Attributes:
         vectors: ``[n, width]`` (float32, float16, or uint8 packed bits for ubinary); of a
-            sparse model, :class:`~triton_embed.bulk.kinds.SparseVectors` of ``n`` rows.
-        num_tokens: int32 ``[n]``.
+            sparse model, :class:`~triton_embed.bulk.kinds.SparseVectors` of ``n`` rows; of
+            a multi-vector model, :class:`~triton_embed.bulk.kinds.TokenMatrices`.
+        num_tokens: int32 ``[n]``: tokens read per text; of token vectors, the rows (a
+            hybrid model's ColBERT rows leave its CLS token out: one fewer).
         seconds: from the first send to the answer (retries and waits included).
         retries: sends after the first.
     """
@@ -105,6 +114,8 @@ class PoolEmbedder:
         options: request options (``input_type``, ``dimensions``, ``embedding_type``, ...).
         sparse: a sparse model's ``top_k`` and ``threshold`` (``None``: the server's);
             refused with an embedding model.
+        output: the head of a hybrid model to write (``dense``, ``sparse``, ``tokens``;
+            ``None``: ``dense``); of another model, only its own kind's (else refused).
         timeout_s: deadline of one call, seconds.
         admin_key: the servers' admin key (the pool reads the repository index and configs,
             restricted APIs), or ``None``.
@@ -122,6 +133,7 @@ class PoolEmbedder:
         options: RequestOptions,
         *,
         sparse: SparseOptions | None = None,
+        output: OutputKind | str | None = None,
         timeout_s: float = 120.0,
         admin_key: str | None = None,
         retry: RetryPolicy = BULK_RETRY,
@@ -132,7 +144,8 @@ class PoolEmbedder:
         self.model = model
         self.options = options
         self.sparse = sparse or SparseOptions()
-        self.request_options: RequestOptions | SparseOptions = options
+        self.output = OutputKind.parse(output)
+        self.request_options: object = options
         self.embedding_type = options.embedding_type or DEFAULT_EMBEDDING_TYPE
         self.timeout_s = timeout_s
         self.admin_key = admin_key
@@ -155,11 +168,14 @@ class PoolEmbedder:
     async def start(self, ready_wait_s: float = READY_WAIT_S) -> None:
         """Check the servers; wait until one has the model READY.
 
+        :attr:`info` is then the model as the kind of vectors written (a hybrid model's
+        view of :attr:`output`).
+
         Raises:
             ServerUnavailableError: no server had the model READY within ``ready_wait_s``
                 (says what each server answered).
-            InvalidInputError: the model is no embedding or sparse model, or an option of
-                the other kind is set (names the flag).
+            InvalidInputError: the model is no embedding, sparse, multi-vector or hybrid
+                model, or an option of another kind is set (names the flag).
         """
         try:
             targets = parse_upstreams(self.urls)
@@ -168,7 +184,7 @@ class PoolEmbedder:
         self._pool = UpstreamPool(targets, admin_key=self.admin_key, timeout_s=self.timeout_s)
         await self._pool.start()
         deadline = time.monotonic() + ready_wait_s
-        while (info := self._pool.catalog.resolve(self.model)) is None:
+        while (served := self._pool.catalog.resolve(self.model)) is None:
             states = self._pool.describe()
             if states and all(is_refused(u["problem"]) for u in states):
                 await self.stop()
@@ -191,12 +207,21 @@ class PoolEmbedder:
             await asyncio.sleep(0.5)
             await self._pool.refresh()
         try:
-            self.request_options = request_options(info.kind, self.model, self.options,
-                                                   self.sparse)  # fmt: skip
+            info = model_view(served, self.output, self.model)
+            self.request_options = request_options(
+                info.kind, self.model, self.options, self.sparse, getattr(info, "head", None)
+            )
         except InvalidInputError:
             await self.stop()
             raise
         self.info = info
+
+    def _served(self) -> ModelInfo:
+        """The model as the upstreams serve it now (the view of a hybrid model), or :attr:`info`."""
+        served = self._pool.catalog.resolve(self.model)
+        if served is None or served.kind is not ModelKind.HYBRID:
+            return served or self.info
+        return model_view(served, self.output, self.model)
 
     async def stop(self) -> None:
         """Stop the health checks and close every channel."""
@@ -229,7 +254,7 @@ class PoolEmbedder:
             retries += 1
 
         async def attempt() -> inference.Embeddings:
-            info = self._pool.catalog.resolve(self.model) or self.info
+            info = self._served()
             level = REQUEST_PRIORITY.set(self.priority.level)
             try:
                 return await inference.embed_texts(self._pool, info, payloads, self.request_options)
@@ -244,19 +269,22 @@ class PoolEmbedder:
                     f"{exc.message} (still failing after {self.retry.retries} retries)"
                 ) from None
             raise from_transport(exc) from None
-        if isinstance(self.request_options, MultiVectorOptions):
+        num_tokens = answer.num_tokens
+        if self.info.kind is ModelKind.MULTIVECTOR:
+            skipped = getattr(self.info, "rows_skipped", 0)  # a hybrid model's CLS row
             try:
-                vectors = TokenMatrices.from_matrices(answer.token_matrices())
+                vectors = TokenMatrices.from_matrices(answer.token_matrices(skipped))
             except ValueError as exc:
                 raise EmbedClientError(f"model {self.model!r} answered {exc}") from None
-        elif isinstance(self.request_options, SparseOptions):
+            num_tokens = num_tokens - skipped
+        elif self.info.kind is ModelKind.SPARSE:
             try:
                 vectors = SparseVectors.from_rows(answer.sparse())
             except ValueError as exc:
                 raise EmbedClientError(f"model {self.model!r} answered {exc}") from None
         else:
             vectors = decode_embeddings(answer.elements, embedding_type=self.embedding_type)
-        return Batch(vectors, answer.num_tokens, time.perf_counter() - t0, retries)
+        return Batch(vectors, num_tokens, time.perf_counter() - t0, retries)
 
 
 class BlockingEmbedder:

@@ -49,6 +49,9 @@ class TritonEmbedder:
         admin_key: the servers' admin key (the pool reads their model configs); ``None``:
             ``TRITON_EMBED_ADMIN_KEY`` / ``TRITON_EMBED_ADMIN_KEY_FILE`` on the worker.
         timeout_s: deadline of one request, seconds.
+        output_kind: a hybrid model's head to write: ``dense`` (``None``, the default),
+            ``sparse`` or ``tokens`` (:class:`~triton_embed.bulk.kinds.OutputKind`); another
+            model takes only its own kind.
         **options: request options, the fields of
             :class:`~triton_embed.options.RequestOptions` (``input_type`` (default
             ``document``), ``dimensions``, ``embedding_type``, ``truncation``, ``allow_empty``,
@@ -57,7 +60,9 @@ class TritonEmbedder:
 
     Returns (per call): a ``pyarrow.Table`` with ``id``, ``num_tokens`` (int32),
     ``embedding`` (fixed-size list; a sparse model: ``sparse``, ``list<struct<index: int32,
-    value: float32>>``) and optionally ``text``, rows in the batch's order.
+    value: float32>>``; a multi-vector model: ``tokens``, ``list<fixed_size_list<float32,
+    dim>>``; a hybrid model: that of ``output_kind``) and optionally ``text``, rows in the
+    batch's order.
 
     Raises:
         InvalidInputError: the server refused a text (the message names its id), or an
@@ -76,6 +81,7 @@ class TritonEmbedder:
         node_local_port: int | None = None,
         admin_key: str | None = None,
         timeout_s: float = 120.0,
+        output_kind: str | None = None,
         **options: Any,
     ):
         from triton_embed.admin import read_admin_key
@@ -96,6 +102,7 @@ class TritonEmbedder:
             model,
             self.options,
             sparse=sparse,
+            output=output_kind,
             timeout_s=timeout_s,
             admin_key=admin_key or read_admin_key(),
             retry=BULK_RETRY,
@@ -156,6 +163,7 @@ def embed_dataset(
     id_column: str = "id",
     include_text: bool = False,
     node_local_port: int | None = None,
+    output_kind: str | None = None,
     num_cpus: float = 0.5,
     **options: Any,
 ) -> Any:
@@ -173,6 +181,7 @@ def embed_dataset(
         text_column: the column of the texts.
         id_column: the column of the ids.
         include_text: keep the texts in the output.
+        output_kind: a hybrid model's head to write (``dense``, ``sparse``, ``tokens``).
         node_local_port: each actor talks to ``<its node's IP>:<port>`` instead of ``urls``.
         **options: request options, as :class:`TritonEmbedder`.
 
@@ -198,6 +207,7 @@ def embed_dataset(
             "id_column": id_column,
             "include_text": include_text,
             "node_local_port": node_local_port,
+            "output_kind": output_kind,
             **options,
         },
         batch_format="pyarrow",

@@ -19,6 +19,7 @@ import time
 
 from triton_embed.cli_args import (
     add_model_arg,
+    add_output_kind_arg,
     add_request_option_args,
     add_sparse_option_args,
     add_url_arg,
@@ -29,7 +30,7 @@ from triton_embed.sparse_options import SparseOptions
 #: The keyword arguments of :func:`~triton_embed.bulk.ray_data.embed_dataset` that are flags
 #: of the job, under the same names.
 DATASET_FLAGS = ("model", "concurrency", "batch_size", "text_column", "id_column",
-                 "include_text", "node_local_port")  # fmt: skip
+                 "include_text", "node_local_port", "output_kind")  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--include-text", action="store_true", help="keep the texts in the output")
     add_request_option_args(p, input_type_default="document", embedding_type=True)
     add_sparse_option_args(p)
+    add_output_kind_arg(p)
     p.add_argument("--address", default=None,
                    help="Ray cluster address (default: RAY_ADDRESS, or a local Ray)")  # fmt: skip
     return p

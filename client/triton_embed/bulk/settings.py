@@ -3,7 +3,8 @@
 :func:`job_identity` is recorded in the manifest (``job``); a rerun whose identity differs
 (:func:`differences`: the input, the model, a request option, the shard size, the columns)
 is another job. The options of both model kinds are in it, so a sparse job resumed with
-another ``--top-k`` is refused as a dense one with another ``--dimensions``.
+another ``--top-k`` is refused as a dense one with another ``--dimensions``; so is a hybrid
+model's ``--output-kind`` when given (a job without it writes dense vectors).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
+from triton_embed.bulk.kinds import OutputKind
 from triton_embed.bulk.pool_embedder import BULK_RETRY
 from triton_embed.bulk.sources import Source
 from triton_embed.options import DEFAULT_EMBEDDING_TYPE, RequestOptions
@@ -34,6 +36,8 @@ class JobSettings:
         sparse: a sparse model's ``top_k`` and ``threshold`` (its other fields are not read:
             the text options are ``options``'); refused for an embedding model
             (:func:`~triton_embed.bulk.kinds.request_options`).
+        output: the head of a hybrid model to write (``--output-kind``: ``dense``,
+            ``sparse``, ``tokens``); ``None``: a hybrid model's dense vectors.
         shard_rows: records per shard (>= 1).
         include_text: also write each record's text.
         concurrency: requests in flight (>= 1).
@@ -48,6 +52,7 @@ class JobSettings:
     model: str = "embed"
     options: RequestOptions = field(default_factory=RequestOptions)
     sparse: SparseOptions = field(default_factory=SparseOptions)
+    output: OutputKind | None = None
     shard_rows: int = DEFAULT_SHARD_ROWS
     include_text: bool = False
     concurrency: int = 4
@@ -63,7 +68,7 @@ def job_identity(source: Source, settings: JobSettings) -> dict:
 
     ``parameters`` holds the request options that are set, of both kinds (``top_k`` and
     ``threshold`` only when given, so an embedding job's identity is what it was before
-    sparse models).
+    sparse models); ``output_kind`` is there only when given, for the same reason.
     """
     params = settings.options.to_parameters()
     if params.get("embedding_type") == DEFAULT_EMBEDDING_TYPE.value:
@@ -71,7 +76,9 @@ def job_identity(source: Source, settings: JobSettings) -> dict:
     sparse = settings.sparse
     params.update({k: v for k, v in (("top_k", sparse.top_k), ("threshold", sparse.threshold))
                    if v is not None})  # fmt: skip
+    output = {} if settings.output is None else {"output_kind": settings.output.value}
     return {
+        **output,
         "model": settings.model,
         "parameters": {k: params[k] for k in sorted(params)},
         "shard_rows": settings.shard_rows,
@@ -91,10 +98,13 @@ def differences(old: dict, new: dict) -> list[str]:
     what = []
     if old.get("input", {}).get("fingerprint") != new["input"]["fingerprint"]:
         what.append("the input changed (its SHA-256 or how it is read)")
-    names = {"model": "--model", "shard_rows": "--shard-rows", "include_text": "--include-text"}
+    names = {"model": "--model", "output_kind": "--output-kind", "shard_rows": "--shard-rows",
+             "include_text": "--include-text"}  # fmt: skip
     for key, name in names.items():
-        if old.get(key) != new[key]:
-            what.append(f"{name}: {old.get(key)!r} then, {new[key]!r} now")
+        if old.get(key) != new.get(key):
+            what.append(
+                f"{name}: {old.get(key, 'not set')!r} then, {new.get(key, 'not set')!r} now"
+            )
     before, now = old.get("parameters") or {}, new["parameters"]
     for key in sorted(set(before) | set(now)):
         if before.get(key) != now.get(key):

@@ -487,3 +487,5 @@ class ClientPart:
     _batch_size: Callable[[str], int]
     #: Refuses a model of another kind (when its config could be read).
     _check_kind: Callable[[str, Any], None]
+    #: The admin key's header for the restricted APIs (config reads), or ``None``.
+    _admin_headers: Callable[[], dict[str, str] | None]

@@ -30,10 +30,11 @@ QUEUE_TIMEOUT = "Request timeout expired"
 #: Characters of a server's message carried into a pool's answer; the rest is cut (a server
 #: that quotes a whole 100,000-character value must not make the gateway repeat it).
 MAX_UPSTREAM_MESSAGE_CHARS = 1000
-# "text N" (or "pair N") in a server message: N counts the texts (the query-document pairs)
-# of that request, from 0 (the tokenizer step's wording, triton_embed_server.steps.errors;
-# the pair tokenizer's: "the document of pair 3 is empty", "pair 3 has 600 tokens").
-_TEXT_INDEX = re.compile(r"\b(?:text|pair) (\d+)\b:? ?")
+# "text N" (or "pair N", "sequence N") in a server message: N counts the texts (the
+# query-document pairs, the token-ID sequences to decode) of that request, from 0 (the
+# tokenizer step's wording, triton_embed_server.steps.errors; the pair tokenizer's: "the
+# document of pair 3 is empty", "pair 3 has 600 tokens"; the decoder's "sequence 2 has ...").
+_TEXT_INDEX = re.compile(r"\b(?:text|pair|sequence) (\d+)\b:? ?")
 # Words of a connection that broke mid-call (gRPC UNKNOWN / CANCELLED / INTERNAL).
 _BROKEN_CONNECTION = ("socket closed", "connection reset", "failed to connect", "broken pipe")
 

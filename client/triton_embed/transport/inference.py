@@ -18,7 +18,8 @@ request's inputs.
   ``SPARSE``), ``NUM_TOKENS``;
 * :func:`embed_token_ids`: the ensemble's embedder step, ``TOKEN_IDS`` -> ``EMBEDDING``
   (``NUM_TOKENS`` is then the number of IDs of each input);
-* :func:`tokenize`: the ensemble's tokenizer step, ``TEXT`` -> ``TOKEN_IDS``.
+* :func:`tokenize`: the ensemble's tokenizer step, ``TEXT`` -> ``TOKEN_IDS``;
+* :func:`decode`: the same step the other way, ``DECODE_IDS`` -> ``DECODED`` (text).
 
 Each takes the request's options as one :class:`~triton_embed.options.RequestOptions`
 value; they become the KServe v2 request parameters of each upstream call there, and only
@@ -48,6 +49,7 @@ from triton_embed.codec import (
     encode_token_ids,
     int32_values,
 )
+from triton_embed.decode_options import DECODE_INPUT, DECODE_OUTPUT, DecodeOptions
 from triton_embed.options import RequestOptions
 from triton_embed.rerank_options import PairOptions
 from triton_embed.sparse_options import SparseOptions
@@ -259,7 +261,7 @@ async def call_model(
     model: str,
     inputs: Mapping[str, Sequence[bytes]],
     outputs: Sequence[str],
-    options: RequestOptions | PairOptions | SparseOptions | None,
+    options: RequestOptions | PairOptions | SparseOptions | DecodeOptions | None,
     start: int,
 ) -> dict[str, bytes]:
     """One piece's upstream call, its failure mapped to a :class:`TransportError`.
@@ -431,3 +433,42 @@ async def tokenize(
 
     results = await each_piece(len(texts), model.tokenizer_max_batch_size, call)
     return [ids for piece in results for ids in piece]
+
+
+async def decode(
+    pool: Pool,
+    model: ModelInfo,
+    token_ids: Sequence[Sequence[int]],
+    options: DecodeOptions | None = None,
+) -> list[str]:
+    """The text of each token-ID sequence, decoded by the ensemble's tokenizer step.
+
+    Args:
+        pool: the upstreams.
+        model: the ensemble (its :attr:`~ModelInfo.tokenizer` is called with
+            ``DECODE_IDS``; docs/sparse.md, "Token IDs to text").
+        token_ids: ``n`` sequences of IDs, each ``0 <= id < 2**31`` (the step refuses an ID
+            outside its vocabulary, naming the sequence by its index here).
+        options: ``skip_special_tokens`` (``None``: the step's default, true).
+
+    Returns:
+        ``n`` texts, in order.
+
+    Raises:
+        TransportError: a piece failed (the server's message), or the answer is not UTF-8.
+    """
+    payloads = list(encode_token_ids(token_ids))
+
+    async def call(start: int, stop: int) -> tuple[list[str], int]:
+        raw = await call_model(
+            pool, model.tokenizer, {DECODE_INPUT: payloads[start:stop]}, (DECODE_OUTPUT,),
+            options, start,
+        )  # fmt: skip
+        elements = _embedding_elements(raw[DECODE_OUTPUT], stop - start, model.tokenizer)
+        try:
+            return [bytes(e).decode("utf-8") for e in elements], 0
+        except UnicodeDecodeError as exc:
+            raise bad_answer(model.tokenizer, exc) from None
+
+    results = await each_piece(len(payloads), model.tokenizer_max_batch_size, call)
+    return [text for piece in results for text in piece]

@@ -12,7 +12,8 @@ module:
 * :mod:`~.app`: what every request goes through (:class:`~.app.Gateway`);
   :mod:`~.routes`: the routes, and the app of the settings;
 * :mod:`~.openai_api`: ``/v1/embeddings``, ``/v1/models``;
-  :mod:`~.tei_api`: ``/embed``, ``/tokenize``, ``/info``, ``/health``;
+  :mod:`~.tei_api`: ``/embed``, ``/tokenize``, ``/info``, ``/health``; :mod:`~.tei_decode`:
+  ``/decode``;
   :mod:`~.rerank_api`: Cohere's and Jina's ``/v1/rerank``, ``/v2/rerank``, TEI's and
   vLLM's ``/rerank``; :mod:`~.score_api`: vLLM's ``/score``; :mod:`~.pairs`: what a rerank
   or score request asks, checked, and the call that scores it; :mod:`~.kinds`: which routes

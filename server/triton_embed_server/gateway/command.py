@@ -111,7 +111,7 @@ _FLAGS = (
     (
         "--default-model",
         str,
-        "the model of the TEI routes /embed, /tokenize, /info (default %(default)s)",
+        "the model of the TEI routes /embed, /tokenize, /decode, /info (default %(default)s)",
     ),
     (
         "--default-reranker",
@@ -180,7 +180,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "gateway",
         help="OpenAI- and TEI-compatible HTTP gateway in front of one or more servers",
         description="Serve POST /v1/embeddings, GET /v1/models (OpenAI), /embed, "
-        "/tokenize, /rerank, /info, /health (text-embeddings-inference), POST /v1/rerank, "
+        "/tokenize, /decode, /rerank, /info, /health (text-embeddings-inference), POST /v1/rerank, "
         "/v2/rerank (Cohere, Jina) and /score (vLLM) over HTTP, calling the servers' "
         "embedding and reranker ensembles over gRPC (docs/operations.md, 'Gateway').",
     )

@@ -20,6 +20,7 @@ route                       API     handler
 ``POST /embed_sparse``      TEI     :func:`~triton_embed_server.gateway.tei_api.embed_sparse`
 ``POST /embed_all``         TEI     :func:`~triton_embed_server.gateway.tei_api.embed_all`
 ``POST /tokenize``          TEI     :func:`~triton_embed_server.gateway.tei_api.tokenize`
+``POST /decode``            TEI     :func:`~triton_embed_server.gateway.tei_decode.decode`
 ``GET /info``               TEI     :func:`~triton_embed_server.gateway.tei_api.info`
 ``GET /health``             TEI     :func:`~triton_embed_server.gateway.tei_api.health`
 ``POST /``                  TEI     :func:`~triton_embed_server.gateway.tei_api.embed`
@@ -52,6 +53,7 @@ from triton_embed_server.gateway import (
     rerank_api,
     score_api,
     tei_api,
+    tei_decode,
 )
 from triton_embed_server.gateway.app import Gateway, RequestState, error_response
 from triton_embed_server.gateway.errors import (
@@ -90,7 +92,8 @@ async def _no_route(request: Request, exc: HTTPException) -> Response:
         error = NotFound(
             f"no route {request.method} {path}; the routes are POST /v1/embeddings, GET "
             "/v1/models, POST /v1/rerank, POST /v2/rerank, POST /score, POST /v1/score, "
-            "POST /embed, POST /embed_sparse, POST /embed_all, POST /tokenize, POST /rerank, "
+            "POST /embed, POST /embed_sparse, POST /embed_all, POST /tokenize, POST /decode, "
+            "POST /rerank, "
             "GET /info, GET /health, GET /metrics (and TEI's POST /, POST /invocations, GET /, "
             "GET /ping)",
             code="unknown_route",
@@ -133,6 +136,7 @@ def build_app(gateway: Gateway, *, lifespan: Callable | None = None) -> Starlett
         ),  # fmt: skip
         Route("/embed_all", e("/embed_all", TEI, tei_api.embed_all, body=True), methods=["POST"]),
         Route("/tokenize", e("/tokenize", TEI, tei_api.tokenize, body=True), methods=["POST"]),
+        Route("/decode", e("/decode", TEI, tei_decode.decode, body=True), methods=["POST"]),
         Route("/info", e("/info", TEI, tei_api.info, counted=False), methods=["GET"]),
         # TEI's base-URL routes: POST / and /invocations embed, GET / and /ping are health.
         Route("/", e("/", TEI, tei_api.embed, body=True), methods=["POST"]),

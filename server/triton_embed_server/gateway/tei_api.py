@@ -34,7 +34,8 @@ TEI serves one model; these routes use the gateway's default model (``--default-
   tokenizer step makes (``truncation=NONE``: all of them, or 400 past the token budget).
   The step returns IDs only, so ``text``, ``special``, ``start`` and ``stop`` are ``null``
   (TEI fills them from the tokenizer's offsets). ``add_special_tokens: false`` is 400: the
-  step always adds the model's special tokens.
+  step always adds the model's special tokens. Its inverse, ``POST /decode``, is
+  :mod:`~triton_embed_server.gateway.tei_decode`'s.
 * ``GET /info``: TEI's ``Info`` object from the model's config; ``model_type`` is
   ``{"embedding": {"pooling": ...}}``, or for a reranker ``{"reranker": {"id2label":
   {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}}`` (TEI's one-label classifier, the label

@@ -40,6 +40,17 @@ def validate_token_ids(
             f"{what} {index} has {n} token IDs; the model accepts {max_length}; truncate it "
             "(the tokenizer step does this with truncation=END or START)"
         )
+    check_vocabulary(token_ids, index, vocab_size, what)
+
+
+def check_vocabulary(
+    token_ids: Sequence[int] | np.ndarray, index: int, vocab_size: int, what: str = "text"
+) -> None:
+    """Reject an ID outside ``[0, vocab_size)`` (the engine's input, the decoder's).
+
+    Raises:
+        InvalidTokenIdsError: names the sequence's index, the ID, its position and the range.
+    """
     arr = np.asarray(token_ids)
     bad = np.flatnonzero((arr < 0) | (arr >= vocab_size))
     if bad.size:

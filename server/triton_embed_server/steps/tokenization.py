@@ -221,6 +221,11 @@ class TextTokenizer:
                 f"{len(self.prefix) + len(self.suffix)} special tokens"
             )
 
+    @property
+    def backend(self):
+        """The ``tokenizers.Tokenizer`` it tokenizes with (the decoder decodes with it too)."""
+        return self._backend
+
     def tokenize_requests(
         self, requests: Sequence[TextRequest]
     ) -> list[Tokenized | EmbedServingError]:

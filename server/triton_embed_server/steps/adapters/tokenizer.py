@@ -1,7 +1,9 @@
 """Triton Python-backend adapter of the ``tokenizer`` step: TEXT -> TOKEN_IDS, NUM_TOKENS.
 
 Decodes tensors, calls :class:`triton_embed_server.steps.tokenization.TextTokenizer`, encodes
-tensors. All logic lives in the importable ``triton_embed_server`` package.
+tensors. A request that sends ``DECODE_IDS`` instead of ``TEXT`` is decoded back to text
+(``DECODED``, :class:`triton_embed_server.steps.detokenization.TokenDecoder`, TEI's
+``/decode``). All logic lives in the importable ``triton_embed_server`` package.
 """
 
 import json
@@ -10,9 +12,15 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from triton_embed import codec
+from triton_embed.decode_options import DECODE_INPUT, DECODE_OUTPUT, DecodeOptions
 
 from triton_embed_server.steps.config import TokenizerConfig
-from triton_embed_server.steps.errors import EmbedServingError, to_triton_error
+from triton_embed_server.steps.detokenization import DecodeRequest, TokenDecoder
+from triton_embed_server.steps.errors import (
+    EmbedServingError,
+    InvalidArgumentError,
+    to_triton_error,
+)
 from triton_embed_server.steps.metrics import StepMetrics
 from triton_embed_server.steps.tokenization import (
     TextRequest,
@@ -29,6 +37,9 @@ class TritonPythonModel:
         """Parse the model config and load the fast tokenizer from the model folder."""
         self.config = TokenizerConfig.from_args(args)
         self.tokenizer = TextTokenizer(self.config)
+        self.decoder = TokenDecoder(
+            self.tokenizer.backend, self.tokenizer.vocab_size, self.config.max_request_tokens
+        )
         self.metrics = StepMetrics(pb_utils, "tokenizer", args["model_instance_name"])
         self.tracing = step_tracing("tokenizer")
         pb_utils.Logger.log_info(
@@ -45,9 +56,19 @@ class TritonPythonModel:
         cancelled in this step's queue and checks again before the ensemble's next step.
         """
         self.metrics.ensure_started()  # not in initialize (StepMetrics.start says why)
+        decoded = self._decode([r for r in requests if _input(r, DECODE_INPUT) is not None])
         text_requests, option_errors = [], {}
         for r, request in enumerate(requests):
-            texts = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy().reshape(-1)
+            text = _input(request, "TEXT")
+            if text is None or id(request) in decoded:
+                if id(request) not in decoded:
+                    option_errors[r] = InvalidArgumentError(
+                        f"the request has neither TEXT (texts to tokenize) nor {DECODE_INPUT} "
+                        "(token IDs to decode); send one of them"
+                    )
+                text_requests.append(TextRequest(texts=[]))  # answered below
+                continue
+            texts = text.as_numpy().reshape(-1)
             try:
                 options = parse_request_options(
                     json.loads(request.parameters() or "{}"), self.config.kind
@@ -62,7 +83,10 @@ class TritonPythonModel:
         seconds = time.perf_counter() - t0
         results = [option_errors.get(r, res) for r, res in enumerate(results)]
         responses, batch_texts, batch_tokens = [], 0, 0
-        for result in results:
+        for request, result in zip(requests, results, strict=True):
+            if id(request) in decoded:
+                responses.append(decoded[id(request)])
+                continue
             if isinstance(result, Exception):
                 self.metrics.failure(result)
                 responses.append(
@@ -96,6 +120,34 @@ class TritonPythonModel:
             self.tracing.record("tokenize", requests, start_ns, time.time_ns(), figures)
         return responses
 
+    def _decode(self, requests) -> dict:
+        """``{id(request): its response}`` of the requests that send ``DECODE_IDS``."""
+        decode_requests, errors = [], {}
+        for r, request in enumerate(requests):
+            payloads = [bytes(p) for p in _input(request, DECODE_INPUT).as_numpy().reshape(-1)]
+            try:
+                parameters = json.loads(request.parameters() or "{}")
+                options = DecodeOptions.from_parameters(parameters)
+            except ValueError as exc:
+                errors[r] = InvalidArgumentError(str(exc))
+                options, payloads = DecodeOptions(), []  # answered with the error, not decoded
+            decode_requests.append(DecodeRequest(payloads, options.skips_special_tokens))
+        results = self.decoder.decode_requests(decode_requests)
+        responses = {}
+        for r, (request, result) in enumerate(zip(requests, results, strict=True)):
+            result = errors.get(r, result)
+            if isinstance(result, Exception):
+                self.metrics.failure(result)
+                response = pb_utils.InferenceResponse(error=to_triton_error(result, pb_utils))
+            else:
+                texts = np.empty((len(result), 1), dtype=object)  # object: NULs kept
+                texts[:, 0] = [t.encode("utf-8") for t in result]
+                response = pb_utils.InferenceResponse(
+                    output_tensors=[pb_utils.Tensor(DECODE_OUTPUT, texts)]
+                )
+            responses[id(request)] = response
+        return responses
+
     def finalize(self):
         """Free the metric families while the stub can still reach Triton.
 
@@ -105,3 +157,8 @@ class TritonPythonModel:
         self.metrics = None
         if self.tracing is not None:
             self.tracing.shutdown()
+
+
+def _input(request, name: str):
+    """The request's input tensor ``name``, or ``None`` when it was not sent (optional)."""
+    return pb_utils.get_input_tensor_by_name(request, name)

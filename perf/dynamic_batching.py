@@ -42,6 +42,8 @@ class Variant(NamedTuple):
     max_batch_size: int | None = None
     #: the embedder's ``batch_call_tokens`` (steps/engine_queue.py; 0: batch work is not cut).
     batch_call_tokens: int | None = None
+    #: the embedder's ``interactive_window_s`` (steps/engine_queue.py).
+    interactive_window_s: float | None = None
 
 
 #: study -> (variant name -> knobs, points as (tokens per text, texts per request, in flight)).
@@ -84,8 +86,11 @@ def variant_repository(root: Path, variant: Variant) -> Path:
             raise ValueError(f"{config}: not one top-level max_batch_size line to change")
         config.write_text(MAX_BATCH.sub(f"max_batch_size: {variant.max_batch_size}", text))
     edit_config(config, max_queue_delay_us=variant.embedder_delay_us)
-    if variant.batch_call_tokens is not None:
-        edit_config(config, parameters={"batch_call_tokens": str(variant.batch_call_tokens)})
+    queue = {"batch_call_tokens": variant.batch_call_tokens}
+    queue["interactive_window_s"] = variant.interactive_window_s
+    queue = {k: f"{v:g}" for k, v in queue.items() if v is not None}
+    if queue:
+        edit_config(config, parameters=queue)
     edit_config(repo / "tokenizer" / "config.pbtxt", max_queue_delay_us=variant.tokenizer_delay_us)
     return repo
 

@@ -235,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--batch-call-tokens", type=int, help="serve a copy with this embedder batch_call_tokens"
     )
+    parser.add_argument(
+        "--interactive-window-s", type=float, help="... and this embedder interactive_window_s"
+    )
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "perf" / "results")
     args = parser.parse_args(argv)
     texts = corpus(50)[0]
@@ -244,9 +247,12 @@ def main(argv: list[str] | None = None) -> int:
         keys = tenants_file(work / "tenants.yaml")
         source = bulk_corpus(work / "corpus.jsonl", args.texts)
         served = {}
-        if args.embedder_max_batch or args.batch_call_tokens is not None:
+        queue = (args.batch_call_tokens, args.interactive_window_s)
+        if args.embedder_max_batch or queue != (None, None):
             variant = Variant(
-                max_batch_size=args.embedder_max_batch, batch_call_tokens=args.batch_call_tokens
+                max_batch_size=args.embedder_max_batch,
+                batch_call_tokens=args.batch_call_tokens,
+                interactive_window_s=args.interactive_window_s,
             )
             served["model_repository"] = variant_repository(work / "variant", variant)
         with TritonServer(ready_timeout_s=600, **served) as server, Gateway(
@@ -257,9 +263,13 @@ def main(argv: list[str] | None = None) -> int:
             for k in range(1, args.rounds + 1):
                 rows += round_rows(args, server, gateway, keys, texts, source, work, k)
     meta = {k: v for k, v in vars(args).items() if k != "out"}
-    stem = (
-        f"noisy_neighbour_batch{args.indexer_batch}_max{args.embedder_max_batch or 'shipped'}"
-        f"_call{'shipped' if args.batch_call_tokens is None else args.batch_call_tokens}"
+    knobs = {
+        "max": args.embedder_max_batch,
+        "call": args.batch_call_tokens,
+        "window": args.interactive_window_s,
+    }
+    stem = f"noisy_neighbour_batch{args.indexer_batch}" + "".join(
+        f"_{k}{'shipped' if v is None else f'{v:g}'}" for k, v in knobs.items()
     )
     save(rows, args.out, stem, **meta)
     print(summary(rows))

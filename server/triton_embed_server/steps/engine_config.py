@@ -330,7 +330,7 @@ class EngineConfig(StepConfig):
             requests are served (parameter ``batch_call_tokens``, default 512; 0: calls of
             ``max_batch_size`` texts; :mod:`triton_embed_server.steps.engine_queue`).
         interactive_window_s: seconds after an interactive request during which batch-class
-            work runs in such short calls (parameter ``interactive_window_s``, default 10).
+            work runs in such short calls (parameter ``interactive_window_s``, default 300).
     """
 
     model_path: Path

@@ -60,8 +60,11 @@ from triton_embed_server.steps.errors import (
 #: one core's engine time (bfloat16, 50-token texts: 29 ms for 8 texts, 52 ms for 16;
 #: 13,800-15,200 tokens/s against 14,500-15,800 for calls of 32-128 texts).
 DEFAULT_BATCH_CALL_TOKENS = 512
-#: How long after an interactive request batch work keeps running in short calls, seconds.
-DEFAULT_INTERACTIVE_WINDOW_S = 10.0
+#: How long after an interactive request batch work keeps running in short calls, seconds:
+#: long, so a query that comes after minutes of quiet still finds short calls (a 10 s window
+#: let the first queries of a search burst wait for a full call: p99 238-820 ms beside the
+#: bulk CLI; perf/README.md, "Noisy neighbour"); cut calls cost batch work 5-10% tokens/s.
+DEFAULT_INTERACTIVE_WINDOW_S = 300.0
 
 
 @dataclass(frozen=True)

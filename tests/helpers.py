@@ -172,3 +172,22 @@ def start_serve_sh(ports: tuple[int, int, int], env: dict[str, str], log_path: P
         return subprocess.Popen(
             argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
+
+
+class PoolLifecycle:
+    """The bulk job's ``UpstreamPool`` lifecycle as no-ops, for the tests' pool doubles.
+
+    ``describe`` reports one ready upstream at ``127.0.0.1:1``.
+    """
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def refresh(self) -> None:
+        pass
+
+    def describe(self) -> list[dict]:
+        return [{"address": "127.0.0.1:1", "ready": True, "models": [], "problem": None}]

@@ -28,6 +28,7 @@ from triton_embed.options import RequestOptions
 from triton_embed.sparse_options import SparseOptions
 from triton_embed.transport.catalog import ModelKind
 
+from tests.helpers import PoolLifecycle
 from tests.unit.test_gateway_app import MODEL
 from tests.unit.test_gateway_hybrid import M3, HybridPool, colbert
 
@@ -109,20 +110,8 @@ def test_flags_a_head_does_not_take_are_refused(options, sparse, head, message):
 # --- the job over the pool double ---------------------------------------------------------------
 
 
-class BulkHybridPool(HybridPool):
+class BulkHybridPool(PoolLifecycle, HybridPool):
     """``HybridPool`` as the bulk job's ``UpstreamPool``."""
-
-    async def start(self) -> None:
-        pass
-
-    async def stop(self) -> None:
-        pass
-
-    async def refresh(self) -> None:
-        pass
-
-    def describe(self) -> list[dict]:
-        return [{"address": "127.0.0.1:1", "ready": True, "models": [], "problem": None}]
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ from triton_embed.options import RequestOptions
 from triton_embed.sparse_options import SparseOptions
 from triton_embed.transport.catalog import ModelKind
 
+from tests.helpers import PoolLifecycle
 from tests.unit.test_gateway_app import MODEL
 from tests.unit.test_gateway_sparse import SPARSE, SparsePool, reference
 
@@ -40,7 +41,7 @@ TEXTS = [
 ]
 
 
-class BulkPool(SparsePool):
+class BulkPool(PoolLifecycle, SparsePool):
     """``SparsePool`` as the bulk job's ``UpstreamPool``.
 
     A model answers as the double's model of its kind in the catalog (``splade`` or
@@ -52,18 +53,6 @@ class BulkPool(SparsePool):
         super().__init__(models)
         self.crash_at = crash_at
         self.texts: list[str] = []
-
-    async def start(self) -> None:
-        pass
-
-    async def stop(self) -> None:
-        pass
-
-    async def refresh(self) -> None:
-        pass
-
-    def describe(self) -> list[dict]:
-        return [{"address": "127.0.0.1:1", "ready": True, "models": [], "problem": None}]
 
     async def infer(self, model, inputs, outputs, parameters=None):
         if self.crash_at is not None and len(self.calls) >= self.crash_at:

@@ -17,6 +17,7 @@ from triton_embed.retry import RetryPolicy
 from triton_embed.transport.catalog import Catalog, ModelInfo
 
 from tests import fake_triton as fake_server
+from tests.helpers import PoolLifecycle
 
 
 @pytest.fixture
@@ -512,7 +513,7 @@ BULK_DIM = 4
 BULK_MODEL = ModelInfo("embed", 4, "embed_tokenizer", "embed_embedder", 4, 4, dimension=BULK_DIM)
 
 
-class StandInPool:
+class StandInPool(PoolLifecycle):
     """Stands in for ``UpstreamPool`` under the bulk job: serves :data:`BULK_MODEL`.
 
     Records the request parameters of each call; text ``t`` embeds to ``len(t)`` repeated in
@@ -523,15 +524,6 @@ class StandInPool:
 
     def __init__(self, targets, admin_key=None, timeout_s=None):
         self.catalog = Catalog.build([BULK_MODEL])
-
-    async def start(self) -> None:
-        pass
-
-    async def stop(self) -> None:
-        pass
-
-    async def refresh(self) -> None:
-        pass
 
     def describe(self) -> list[dict]:
         return []

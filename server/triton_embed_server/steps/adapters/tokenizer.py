@@ -140,6 +140,8 @@ class TritonPythonModel:
                 self.metrics.failure(result)
                 response = pb_utils.InferenceResponse(error=to_triton_error(result, pb_utils))
             else:
+                # a request answered; its texts and tokens are not tokenization's, not counted
+                self.metrics.success()
                 texts = np.empty((len(result), 1), dtype=object)  # object: NULs kept
                 texts[:, 0] = [t.encode("utf-8") for t in result]
                 response = pb_utils.InferenceResponse(

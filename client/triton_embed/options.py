@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from triton_embed.priority import CLASS_PARAMETER
+from triton_embed.quoting import quote
 
 TRUNCATION = "truncation"
 ALLOW_EMPTY = "allow_empty"
@@ -61,11 +62,6 @@ NORMALIZE = "normalize"
 #: The request-parameter names this service reads, in documentation order.
 NAMES = (TRUNCATION, ALLOW_EMPTY, INVALID_UTF8, INPUT_TYPE, DIMENSIONS, EMBEDDING_TYPE, NORMALIZE)
 
-#: The most characters of an offending value (or name) an error message quotes. A message
-#: travels back in gRPC's trailing metadata (``grpc-message``), which clients cap at 8 KiB by
-#: default (``grpc.max_metadata_size``); a longer message turns the answer into
-#: ``RESOURCE_EXHAUSTED`` instead of the real ``INVALID_ARGUMENT``.
-QUOTE_CHARS = 64
 
 #: Request-parameter names Triton's protocols use for their own purposes (Triton's
 #: ``docs/protocol/extension_parameters.md`` and ``extension_sequence.md``); they are not
@@ -114,30 +110,6 @@ class OptionError(ValueError):
     def with_prefix(self, prefix: str) -> OptionError:
         """The same error, its message starting with ``prefix`` (e.g. ``"request parameter "``)."""
         return OptionError(self.name, self.value, self.allowed, self.reason, prefix + self.prefix)
-
-
-def quote(value: Any, limit: int = QUOTE_CHARS) -> str:
-    """``repr(value)`` for an error message, cut to ``limit`` characters.
-
-    Args:
-        value: the offending value or name, as received.
-        limit: the most characters of the value's ``repr`` kept.
-
-    Returns:
-        ``repr(value)`` when it is at most ``limit`` characters; else its first ``limit``
-        characters, ``...`` and, for a string, its length: ``'aaaa... (100000 characters)``.
-    """
-    if isinstance(value, (str, bytes)):
-        shown = repr(value[: limit + 1])
-    else:
-        try:
-            shown = repr(value)
-        except ValueError:  # an int past Python's int-to-str digit limit
-            return f"<{type(value).__name__} too long to show>"
-    if len(shown) <= limit and not (isinstance(value, (str, bytes)) and len(value) > limit):
-        return shown
-    size = f" ({len(value)} characters)" if isinstance(value, (str, bytes)) else ""
-    return f"{shown[:limit]}...{size}"
 
 
 def parse_member(cls: type[enum.Enum], value: Any, what: str, fold) -> Any:

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import enum
 
+from triton_embed.quoting import quote
+
 #: Priority levels of every step's dynamic batcher (``priority_levels``).
 PRIORITY_LEVELS = 2
 #: The batch level's queue timeout over the interactive level's: it waits behind the
@@ -60,7 +62,7 @@ class Priority(str, enum.Enum):
             return cls(str(value).strip().lower())
         except ValueError:
             raise ValueError(
-                f"{what} must be one of {', '.join(p.value for p in cls)}; got {value!r}"
+                f"{what} must be one of {', '.join(p.value for p in cls)}; got {quote(value)}"
             ) from None
 
 

@@ -250,6 +250,27 @@ def test_a_tenant_over_its_token_rate_is_429_with_retry_after_until_refilled(set
                   reason="rate_limited") == 3  # fmt: skip
 
 
+def test_requests_that_arrive_together_are_held_to_the_bucket(setup):
+    """Each takes its estimate as it goes upstream: one goes, the rest are 429 at once."""
+    _, pool, gateway, _ = setup
+    pool.delay_s = 0.2  # all ten are in the gateway before the first is answered
+    app = build_app(gateway)
+
+    async def flood() -> list[int]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+            body = {"model": "embed", "input": " ".join(["w"] * 20)}  # 22 tokens served
+            answers = await asyncio.gather(
+                *(client.post("/v1/embeddings", json=body, headers=bearer(INDEXER))
+                  for _ in range(10))
+            )  # fmt: skip
+        return sorted(r.status_code for r in answers)
+
+    # indexer: burst 10; the first takes its estimate (> 10), the bucket is then below 0
+    assert asyncio.run(flood()) == [200] + [429] * 9
+    assert len(pool.calls) == 1
+
+
 def test_the_rate_limit_is_not_the_servers_overload(setup):
     c, pool, gateway, _ = setup
     gateway.max_in_flight = 0  # every counted request is refused by the gateway's own bound

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from triton_embed.options import QUOTE_CHARS, OptionError, RequestOptions, quote
+from triton_embed.options import OptionError, RequestOptions
+from triton_embed.quoting import QUOTE_CHARS, quote
 
 HUGE = "x" * 100_000
 

@@ -12,7 +12,7 @@ from triton_embed.bulk import pool_embedder
 from triton_embed.cli import build_parser, main
 from triton_embed.client import EmbeddingClient
 from triton_embed.options import RequestOptions
-from triton_embed.priority import wire
+from triton_embed.priority import Priority, wire
 from triton_embed.transport.priorities import REQUEST_PRIORITY
 
 from tests import fake_triton as fake_server
@@ -127,3 +127,11 @@ def test_usage_reports_the_gateways_refusal(monkeypatch, tmp_path, capsys):
     assert capsys.readouterr().err == (
         "triton-embed usage: error: http://127.0.0.1:8080 answered 401: invalid admin key\n"
     )
+
+
+def test_a_long_class_is_quoted_cut():
+    """A 20,000-character value must not make the gRPC error exceed the metadata limit."""
+    with pytest.raises(ValueError) as err:
+        Priority.parse("b" * 20000, "priority_class")
+    assert len(str(err.value)) < 200
+    assert "(20000 characters)" in str(err.value)

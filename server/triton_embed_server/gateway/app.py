@@ -113,6 +113,7 @@ class RequestState:
             vLLM's API by the body), else ``None``: the route's.
         inputs: texts embedded or pairs scored (for the metrics; 0: none).
         tokens: their tokens, the sum of ``NUM_TOKENS``.
+        reserved: tokens taken from the tenant's bucket as estimates (charged the difference).
         tenant: who sent it (``None`` before its key was checked, and on public routes).
     """
 
@@ -121,6 +122,7 @@ class RequestState:
     api: str | None = None
     inputs: int = 0
     tokens: int = 0
+    reserved: int = 0
     tenant: Tenant | None = None
 
 
@@ -272,7 +274,8 @@ class Gateway:
     ) -> AsyncIterator[Ticket]:
         """A request's upstream work: its tenant's rights, its turn, its priority level.
 
-        Checks the tenant may use ``model`` (403), waits for the request's turn in the
+        Checks the tenant may use ``model`` (403), takes ``estimate`` tokens from its bucket
+        (429 when at or below 0; charged the difference when answered), waits for its turn in the
         scheduler (:mod:`~triton_embed_server.gateway.fair`: interactive first, fair shares
         by tokens within a class, ``max_concurrency``), and sends the upstream calls made
         in the body at the tenant's Triton priority level
@@ -291,6 +294,8 @@ class Gateway:
         if tenant is None:
             raise Internal("a request reached the upstreams without a tenant")
         self.tenancy.check_model(tenant, model, self.resolve_name)
+        self.tenancy.reserve(tenant, max(1, estimate))
+        state.reserved += max(1, estimate)
         ticket = Ticket(
             tenant.name, tenant.priority.level, tenant.weight, tenant.max_concurrency,
             max(1, estimate),
@@ -436,7 +441,7 @@ class Gateway:
         if refusal is not None:
             self.metrics.count_refusal(name, refusal)
         if tenant is not None:
-            self.tenancy.charge(tenant, tokens)
+            self.tenancy.charge(tenant, tokens - state.reserved)
             if served:
                 self.usage.record(tenant.name, inputs, tokens)
 

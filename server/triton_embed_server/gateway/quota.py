@@ -1,14 +1,16 @@
 """A tenant's token rate: one token bucket per tenant, charged by the tokens it was served.
 
 The gateway knows a request's tokens only once the tokenizer step has counted them (the
-ensemble's ``NUM_TOKENS``), so a request is admitted while its tenant's bucket holds more
-than 0 tokens and charged afterwards by what it was served; the bucket may go below 0 (a
-debt), and the tenant's next requests are refused until the refill has paid it back. The
-bucket holds at most ``burst`` tokens and refills at ``tokens_per_minute / 60`` tokens per
-second. A refused request is answered 429 with ``Retry-After``: the whole seconds until the
-bucket is above 0 again (at least 1). Over a long run a tenant is served at most
-``tokens_per_minute`` plus one ``burst``, plus what its requests in flight at the moment it
-ran dry carry (bounded by its ``max_concurrency``).
+ensemble's ``NUM_TOKENS``), so a request takes its estimated tokens from its tenant's bucket
+when it goes upstream (:meth:`TokenBucket.reserve`: refused while the bucket is at or below
+0) and is charged the difference to what it was served afterwards (a refund for a request
+that fails or was over-estimated); the bucket may go below 0 (a debt), and the tenant's next
+requests are refused until the refill has paid it back. Requests that arrive together are
+so held to the bucket too: each takes its estimate in turn. The bucket holds at most
+``burst`` tokens and refills at ``tokens_per_minute / 60`` tokens per second. A refused
+request is answered 429 with ``Retry-After``: the whole seconds until the bucket is above 0
+again (at least 1). Over a long run a tenant is served at most ``tokens_per_minute`` plus
+one ``burst``, plus one request, plus what its estimates missed.
 
 :class:`TokenBucket` keeps its level in the process (one worker); with ``--workers N`` the
 workers share one bucket per tenant in :mod:`~triton_embed_server.gateway.shared`, with the
@@ -69,7 +71,19 @@ class TokenBucket:
         self._refill()
         return wait_s(self.level, self.rate_per_s)
 
+    def reserve(self, tokens: int) -> int:
+        """Take ``tokens`` (an estimate) if the bucket is above 0; else refuse.
+
+        Returns:
+            0 when taken (the level may go below 0), else the whole seconds until the bucket
+            lets a request go (>= 1), nothing taken.
+        """
+        wait = self.retry_after_s()
+        if not wait:
+            self.level -= tokens
+        return wait
+
     def charge(self, tokens: int) -> None:
-        """Take ``tokens`` served (the level may go below 0)."""
+        """Take ``tokens`` (negative: give back), the level at most ``burst`` (may go below 0)."""
         self._refill()
-        self.level -= tokens
+        self.level = min(self.burst, self.level - tokens)

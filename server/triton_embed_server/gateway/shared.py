@@ -251,9 +251,20 @@ class SharedTokenBucket:
         """0 when a request may go now, else the whole seconds until it may (>= 1)."""
         return wait_s(self.level, self.rate_per_s)
 
+    def reserve(self, tokens: int) -> int:
+        """:meth:`~.quota.TokenBucket.reserve`, in one transaction of the shared store."""
+        wait: list[int] = []
+
+        def take(level: float) -> float:
+            wait.append(wait_s(level, self.rate_per_s))
+            return level if wait[0] else level - tokens
+
+        self._update(take)
+        return wait[0]
+
     def charge(self, tokens: int) -> None:
-        """Take ``tokens`` served (the level may go below 0)."""
-        self._update(lambda level: level - tokens)
+        """Take ``tokens`` (negative: give back), the level at most ``burst`` (may go below 0)."""
+        self._update(lambda level: min(self.burst, level - tokens))
 
 
 class SharedUsageLedger(UsageLedger):

@@ -169,17 +169,34 @@ class TenantRegistry:
             return
         wait_s = bucket.retry_after_s()
         if wait_s:
-            raise RateLimited(
-                f"tenant {tenant.name!r} is over its token rate ({tenant.tokens_per_minute} "
-                f"tokens per minute, burst {tenant.burst}); retry after {wait_s} s",
-                retry_after_s=wait_s,
-            )
+            raise self._limited(tenant, wait_s)
+
+    def reserve(self, tenant: Tenant, tokens: int) -> None:
+        """Take a request's estimated ``tokens`` from ``tenant``'s bucket as it goes upstream.
+
+        Raises:
+            RateLimited: the bucket is at or below 0 (nothing taken).
+        """
+        bucket = self.buckets.get(tenant.name)
+        if bucket is None:
+            return
+        wait_s = bucket.reserve(tokens)
+        if wait_s:
+            raise self._limited(tenant, wait_s)
 
     def charge(self, tenant: Tenant, tokens: int) -> None:
-        """Take the tokens ``tenant``'s request was served from its bucket (if it has one)."""
+        """Take ``tokens`` from ``tenant``'s bucket (if it has one; negative: give back)."""
         bucket = self.buckets.get(tenant.name)
         if bucket is not None and tokens:
             bucket.charge(tokens)
+
+    @staticmethod
+    def _limited(tenant: Tenant, wait_s: int) -> RateLimited:
+        return RateLimited(
+            f"tenant {tenant.name!r} is over its token rate ({tenant.tokens_per_minute} "
+            f"tokens per minute, burst {tenant.burst}); retry after {wait_s} s",
+            retry_after_s=wait_s,
+        )
 
     @staticmethod
     def may_use(tenant: Tenant, model: str, resolve: Callable[[str], str | None]) -> bool:

@@ -146,6 +146,8 @@ def test_decode_answers_teis_list_of_strings(gateway, backend):
          "2147483647 (the model's vocabulary, [0, vocab_size), is checked by its tokenizer)"),
         ({"ids": [[1], [True]]}, 400, "ids[1][0] is true, not a token ID"),
         ({"ids": [[-3]]}, 400, "ids[0][0] is -3, not a token ID"),
+        ({"ids": [7, 1.5]}, 400, "ids[1] is 1.5, not a token ID"),  # one flat sequence
+        ({"ids": ["7592"]}, 400, "ids[0] is '7592', not a token ID"),
         ({"ids": [[2**31]]}, 400, "ids[0][0] is 2147483648, not a token ID"),
         ({"ids": [[1]] * 2049}, 413, "'ids' holds 2049 sequences, over the limit of 2048 per "
          "request; send them in several requests"),

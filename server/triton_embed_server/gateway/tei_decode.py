@@ -69,7 +69,8 @@ def parse_ids(value: Any, max_ids: int) -> list[list[int]]:
         raise EmptyInput(f"'ids' is required and must not be empty: {FORMS}", param="ids")
     if not isinstance(value, list):
         raise BadRequest(f"'ids' must be {FORMS}, got {quote(value)}", param="ids")
-    sequences = [value] if all(_is_id(v) for v in value) else value
+    flat = not any(isinstance(v, list) for v in value)  # one sequence; its items checked below
+    sequences = [value] if flat else value
     if not all(isinstance(s, list) for s in sequences):
         raise BadRequest(f"'ids' must be {FORMS}, not a mix of IDs and lists", param="ids")
     if len(sequences) > inference.MAX_INPUTS:
@@ -88,8 +89,9 @@ def parse_ids(value: Any, max_ids: int) -> list[list[int]]:
     for i, sequence in enumerate(sequences):
         for j, token_id in enumerate(sequence):
             if not _is_id(token_id) or not 0 <= token_id <= MAX_TOKEN_ID:
+                where = f"ids[{j}]" if flat else f"ids[{i}][{j}]"
                 raise BadRequest(
-                    f"ids[{i}][{j}] is {quote(token_id)}, not a token ID: a whole number from "
+                    f"{where} is {quote(token_id)}, not a token ID: a whole number from "
                     f"0 to {MAX_TOKEN_ID} (the model's vocabulary, [0, vocab_size), is "
                     "checked by its tokenizer)",
                     param="ids",

@@ -188,6 +188,17 @@ def test_resuming_with_another_output_kind_is_refused(monkeypatch, tmp_path, cor
     assert pool.calls == []
 
 
+def test_dense_is_what_no_output_kind_writes_so_a_rerun_may_name_it(
+    monkeypatch, tmp_path, corpus, capsys
+):
+    out = tmp_path / "out"
+    assert embed(monkeypatch, BulkHybridPool(), corpus, out) == 0
+    pool = BulkHybridPool()
+    assert embed(monkeypatch, pool, corpus, out, "--output-kind", "dense") == 0
+    assert "then," not in capsys.readouterr().err
+    assert pool.calls == []  # the job was complete: nothing sent again
+
+
 def test_output_kind_is_refused_with_a_npy_output(capsys, corpus, tmp_path):
     argv = ["embed", str(corpus), "-o", str(tmp_path / "x.npy"), "--output-kind", "sparse"]
     assert cli.main(argv) == 1

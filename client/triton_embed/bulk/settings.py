@@ -68,7 +68,8 @@ def job_identity(source: Source, settings: JobSettings) -> dict:
 
     ``parameters`` holds the request options that are set, of both kinds (``top_k`` and
     ``threshold`` only when given, so an embedding job's identity is what it was before
-    sparse models); ``output_kind`` is there only when given, for the same reason.
+    sparse models); ``output_kind`` is there only when given and not ``dense`` (what a job
+    without it writes, of an embedding or a hybrid model), for the same reason.
     """
     params = settings.options.to_parameters()
     if params.get("embedding_type") == DEFAULT_EMBEDDING_TYPE.value:
@@ -76,7 +77,8 @@ def job_identity(source: Source, settings: JobSettings) -> dict:
     sparse = settings.sparse
     params.update({k: v for k, v in (("top_k", sparse.top_k), ("threshold", sparse.threshold))
                    if v is not None})  # fmt: skip
-    output = {} if settings.output is None else {"output_kind": settings.output.value}
+    given = settings.output
+    output = {} if given in (None, OutputKind.DENSE) else {"output_kind": given.value}
     return {
         **output,
         "model": settings.model,

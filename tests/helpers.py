@@ -190,4 +190,4 @@ class PoolLifecycle:
         pass
 
     def describe(self) -> list[dict]:
-        return [{"address": "127.0.0.1:1", "ready": True, "models": [], "problem": None}]
+        return [{"address": "127.0.0.1:1", "ready": True, "models": [], "problem": ""}]

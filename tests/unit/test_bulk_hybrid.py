@@ -12,6 +12,7 @@ that head alone (``outputs``).
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -197,6 +198,20 @@ def test_dense_is_what_no_output_kind_writes_so_a_rerun_may_name_it(
     assert embed(monkeypatch, pool, corpus, out, "--output-kind", "dense") == 0
     assert "then," not in capsys.readouterr().err
     assert pool.calls == []  # the job was complete: nothing sent again
+
+
+def test_a_step_named_as_the_model_is_refused_at_once(monkeypatch, tmp_path, corpus, capsys):
+    class StepsListed(BulkHybridPool):
+        def describe(self) -> list[dict]:
+            models = ["m3", "m3_tokenizer"]
+            return [{"address": "127.0.0.1:1", "ready": True, "models": models, "problem": ""}]
+
+    started = time.monotonic()
+    code = embed(monkeypatch, StepsListed(), corpus, tmp_path / "out", "--model", "m3_tokenizer")
+    assert code == 1 and time.monotonic() - started < 10  # not the 30 s wait for the model
+    err = capsys.readouterr().err
+    assert "model 'm3_tokenizer' is served but is not an ensemble the bulk job can call" in err
+    assert "the ensembles: embed, m3; pass one of them as --model" in err
 
 
 def test_output_kind_is_refused_with_a_npy_output(capsys, corpus, tmp_path):

@@ -184,8 +184,20 @@ class PoolEmbedder:
         self._pool = UpstreamPool(targets, admin_key=self.admin_key, timeout_s=self.timeout_s)
         await self._pool.start()
         deadline = time.monotonic() + ready_wait_s
+        listed_not_served = 0  # checks that saw the name listed but not as an ensemble
         while (served := self._pool.catalog.resolve(self.model)) is None:
             states = self._pool.describe()
+            ready = [u for u in states if u["ready"]]
+            listed = bool(ready) and all(self.model in u["models"] for u in ready)
+            listed_not_served = listed_not_served + 1 if listed else 0
+            if listed_not_served >= 2:  # not a config read late: a step, not an ensemble
+                ensembles = ", ".join(self._pool.catalog.models) or "none"
+                await self.stop()
+                raise InvalidInputError(
+                    f"model {self.model!r} is served but is not an ensemble the bulk job can "
+                    "call (a step of one, or a model of a kind it does not embed with); the "
+                    f"ensembles: {ensembles}; pass one of them as --model"
+                )
             if states and all(is_refused(u["problem"]) for u in states):
                 await self.stop()
                 raise AccessDeniedError(

@@ -127,7 +127,7 @@ class EngineStepModel:
         except EmbedServingError:
             self.metrics.execute_done(time.perf_counter() - t0, 0, 0)
             raise
-        per_part_tokens = [sum(len(x) for x in d[0]) for d in decoded]
+        per_part_tokens = [sum(job.text_tokens[start:end]) for job, start, end in parts]
         tokens = sum(per_part_tokens)
         self.metrics.execute_done(time.perf_counter() - t0, items, tokens)
         self.reporter.add_tokens(tokens)
